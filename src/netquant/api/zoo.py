@@ -1,0 +1,88 @@
+"""Real models that ship inside PyPI wheels, fetched with `pip download --no-deps` into a cache.
+
+No hub downloads: the PP-OCRv4 models come from the `rapidocr-onnxruntime==1.4.4` wheel,
+the light CNNs from `onnx/backend/test/data/light` inside the installed onnx package.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import onnx
+
+from netquant.errors import ModelError
+
+RAPIDOCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
+# file names inside the wheel (rapidocr_onnxruntime/models/...)
+PPOCR_MODELS = {
+    "det": "ch_PP-OCRv4_det_infer.onnx",
+    "rec": "ch_PP-OCRv4_rec_infer.onnx",
+    "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
+}
+LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
+                "shufflenet", "squeezenet", "vgg19", "zfnet512")
+
+
+def cache_dir() -> Path:
+    """$NETQUANT_CACHE, else <repo or cwd>/.cache/netquant."""
+    env = os.environ.get("NETQUANT_CACHE")
+    if env:
+        return Path(env)
+    return Path.cwd() / ".cache" / "netquant"
+
+
+def _rapidocr_dir() -> Path:
+    target = cache_dir() / "rapidocr-1.4.4"
+    if (target / PPOCR_MODELS["rec"]).exists():
+        return target
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    found = list(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+    if not found:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), RAPIDOCR_WHEEL]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        found = list(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+        if proc.returncode != 0 or not found:
+            raise ModelError(f"could not fetch {RAPIDOCR_WHEEL} with pip download into {wheels}: "
+                             f"{proc.stderr.strip()[-400:]}; check that PyPI is reachable or place the wheel there")
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(found[0]) as zf:
+        for name in zf.namelist():
+            base = name.rsplit("/", 1)[-1]
+            if base.endswith(".onnx") or base.endswith(".txt") or base.endswith(".yaml"):
+                (tmp / base).write_bytes(zf.read(name))
+    tmp.replace(target) if not target.exists() else None
+    return target
+
+
+def ppocr_model_path(which: str) -> Path:
+    """Path of a PP-OCR model: which in {'det', 'rec', 'cls'}."""
+    if which not in PPOCR_MODELS:
+        raise ModelError(f"unknown PP-OCR model '{which}'; choose one of {sorted(PPOCR_MODELS)}")
+    return _rapidocr_dir() / PPOCR_MODELS[which]
+
+
+def ppocr_rec_dictionary() -> list[str]:
+    """CTC character list of the PP-OCRv4 recognizer: index 0 is blank, the last is space.
+
+    rapidocr 1.4.4 keeps it in the model's metadata ('character'), one char per line.
+    """
+    model = onnx.load(str(ppocr_model_path("rec")), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    if "character" not in meta:
+        raise ModelError(f"{ppocr_model_path('rec')} has no 'character' metadata")
+    return ["blank", *meta["character"].splitlines(), " "]
+
+
+def light_model_path(name: str) -> tuple[Path, Path]:
+    """(model.onnx, output_0.pb) of a model in onnx/backend/test/data/light."""
+    root = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    model, out = root / f"light_{name}.onnx", root / f"light_{name}_output_0.pb"
+    if not model.exists():
+        raise ModelError(f"{model} not found; light models: {', '.join(LIGHT_MODELS)}")
+    return model, out

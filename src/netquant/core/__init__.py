@@ -1,0 +1,1 @@
+"""netquant.core"""

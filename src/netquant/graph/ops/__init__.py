@@ -1,0 +1,1 @@
+"""Torch implementations of ONNX ops; importing this package registers them all."""
