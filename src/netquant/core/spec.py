@@ -174,30 +174,31 @@ class QuantSpec:
     @classmethod
     def int8(cls, **kw: object) -> QuantSpec:
         """Signed 8-bit symmetric per-tensor."""
-        return cls(bits=8, signed=True, symmetric=True, **kw)
+        return cls(**{"bits": 8, "signed": True, "symmetric": True, **kw})
 
     @classmethod
     def uint8_affine(cls, **kw: object) -> QuantSpec:
         """Unsigned 8-bit affine per-tensor (ONNX Runtime / QNN activations)."""
-        return cls(bits=8, signed=False, symmetric=False, **kw)
+        return cls(**{"bits": 8, "signed": False, "symmetric": False, **kw})
 
     @classmethod
     def int8_per_channel(cls, axis: int = 0, **kw: object) -> QuantSpec:
         """Signed 8-bit symmetric per-channel weights."""
-        return cls(bits=8, signed=True, symmetric=True, granularity=Granularity.PER_CHANNEL, axis=axis, **kw)
+        return cls(**{"bits": 8, "signed": True, "symmetric": True, "granularity": Granularity.PER_CHANNEL,
+                      "axis": axis, **kw})
 
     @classmethod
     def int4_per_group(cls, group_size: int = 128, axis: int = 1, **kw: object) -> QuantSpec:
         """Signed 4-bit symmetric per-group weights (weight-only LLM style)."""
-        return cls(bits=4, signed=True, symmetric=True, granularity=Granularity.PER_GROUP,
-                   axis=axis, group_size=group_size, **kw)
+        return cls(**{"bits": 4, "signed": True, "symmetric": True, "granularity": Granularity.PER_GROUP,
+                      "axis": axis, "group_size": group_size, **kw})
 
     @classmethod
     def fp8_e4m3(cls, **kw: object) -> QuantSpec:
         """FP8 E4M3 scaled, saturating."""
-        return cls(bits=8, fmt=QuantFormat.FP8_E4M3, **kw)
+        return cls(**{"bits": 8, "fmt": QuantFormat.FP8_E4M3, **kw})
 
     @classmethod
     def fp8_e5m2(cls, **kw: object) -> QuantSpec:
         """FP8 E5M2 scaled, saturating."""
-        return cls(bits=8, fmt=QuantFormat.FP8_E5M2, **kw)
+        return cls(**{"bits": 8, "fmt": QuantFormat.FP8_E5M2, **kw})
