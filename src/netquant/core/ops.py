@@ -288,13 +288,16 @@ def _lsq_backward(x: torch.Tensor, dy: torch.Tensor, scale: torch.Tensor, zero_p
         return dy * inside, ds, None
     z = _expand(_int_zero_point(zero_point, spec), x, spec, "zero_point")
     inv = torch.reciprocal(s)
-    xq = round_with_policy_(torch.mul(x, inv).add_(z), spec.rounding)  # torch: round(z + x/s)
+    # torch's CPU kernels are compiled with FMA contraction: round(fma(x, 1/s, z)) and
+    # fma(q - z, s, -x) round once; float64 intermediates reproduce that single rounding.
+    x64 = x.to(torch.float64)
+    xq = round_with_policy_(torch.mul(x64, inv.to(torch.float64)).add_(z).to(torch.float32), spec.rounding)
     below = ~(xq >= spec.qmin)  # NaN counts as below (torch casts it to INT64_MIN)
     above = xq > spec.qmax
     inside = ~(below | above)
     dx = dy * inside
-    xfq = (xq.clamp(spec.qmin, spec.qmax) - z) * s
-    ds_in = dy * (xfq - x) * inv * gf
+    diff = (xq.clamp(spec.qmin, spec.qmax) - z).to(torch.float64).mul_(s).sub_(x64).to(torch.float32)
+    ds_in = dy * diff * inv * gf
     ds_lo = dy * (spec.qmin - z) * gf
     ds_hi = dy * (spec.qmax - z) * gf
     ds = torch.where(below, ds_lo, torch.where(above, ds_hi, ds_in))
