@@ -1,0 +1,365 @@
+"""Run a Graph with torch: CPU or CUDA, hooks around every op, autograd through it.
+
+Construction resolves every op implementation and every argument slot once, so a run is a tight loop
+over pre-built steps.  Values live in a flat list indexed by slot and are dropped right after their
+last reader unless the caller asked to keep them.  Constant sub-expressions (nodes whose inputs are all
+initializers, e.g. ConstantOfShape weights) are evaluated once at construction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from netquant.errors import DataError, ModelError, NetquantError
+from netquant.graph.dtypes import numpy_to_torch
+from netquant.graph.ir import Graph, Node
+from netquant.graph.ops.registry import OpContext, OpFn, lookup_op
+
+PreHook = Callable[[Node, list[Any]], "list[Any] | None"]
+PostHook = Callable[[Node, list[Any]], "list[Any] | None"]
+Inputs = Mapping[str, Any] | Sequence[Any]
+
+# ops whose output changes between runs even with constant inputs: never folded
+NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Multinomial",
+                    "Bernoulli", "Dropout"}
+
+
+_OPS_IMPORTED = False
+
+
+def _import_ops() -> None:
+    """Import every module of netquant.graph.ops (each registers its ops); a broken one only warns."""
+    global _OPS_IMPORTED
+    if _OPS_IMPORTED:
+        return
+    import importlib
+    import pkgutil
+    import warnings
+
+    import netquant.graph.ops as ops_pkg
+
+    for info in pkgutil.iter_modules(ops_pkg.__path__):
+        try:
+            importlib.import_module(f"netquant.graph.ops.{info.name}")
+        except Exception as exc:  # keep the other ops usable; the missing ones raise UnsupportedOpError
+            warnings.warn(f"netquant.graph.ops.{info.name} failed to import: {type(exc).__name__}: {exc}",
+                          stacklevel=2)
+    _OPS_IMPORTED = True
+
+
+class Handle:
+    """Returned by add_*_hook; remove() detaches the hook."""
+
+    def __init__(self, hooks: list[Any], fn: Any) -> None:
+        self._hooks, self._fn = hooks, fn
+
+    def remove(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._hooks.remove(self._fn)
+
+
+@dataclass
+class _Step:
+    node: Node
+    fn: OpFn
+    ctx: OpContext
+    in_slots: list[int]
+    out_slots: list[int]
+    outer: list[tuple[str, int]] = field(default_factory=list)  # subgraph free values
+    has_subgraphs: bool = False
+
+
+@dataclass
+class _Plan:
+    steps: list[tuple[_Step, list[int]]]  # (step, slots to free after it)
+    out_slots: list[tuple[str, int]]
+
+
+def _to_tensor(x: Any) -> Any:
+    if isinstance(x, np.ndarray | np.generic):
+        if x.dtype == object:
+            return x
+        return numpy_to_torch(np.asarray(x))
+    return x
+
+
+class Executor:
+    """Executes a Graph; see the module docstring.
+
+    run(inputs) -> {output name: tensor}; inputs as {name: tensor} or a list in graph-input order
+    (numpy arrays accepted).  `outputs` may name any intermediate value; `keep=True` (or a list of
+    names) keeps those values alive and returns them too.
+    """
+
+    def __init__(self, graph: Graph, device: str | torch.device = "cpu", *, fold_constants: bool = True,
+                 check_inputs: bool = True, _outer_names: Sequence[str] = (),
+                 _hooks: tuple[list[PreHook], list[PostHook]] | None = None) -> None:
+        _import_ops()
+        self.graph = graph
+        self.device = torch.device(device)
+        self.check_inputs = check_inputs
+        self._pre_hooks, self._post_hooks = _hooks if _hooks is not None else ([], [])
+        self._sub_executors: dict[int, Executor] = {}
+        self._plans: dict[tuple[Any, ...], _Plan] = {}
+
+        self._slot: dict[str, int] = {}
+        self.initializers: dict[str, torch.Tensor] = {
+            name: t.to(self.device) for name, t in graph.initializers.items()}
+        for name in graph.opaque_initializers:
+            from onnx import TensorProto, numpy_helper
+
+            proto = TensorProto()
+            proto.ParseFromString(graph.opaque_initializers[name])
+            self.initializers[name] = numpy_helper.to_array(proto)  # type: ignore[assignment]
+        for name in self.initializers:
+            self._slot_of(name)
+        self._input_slots = [self._slot_of(v.name) for v in graph.inputs]
+        self._outer_slots = [(n, self._slot_of(n)) for n in _outer_names]
+        self._steps = [self._build_step(node) for node in graph.nodes]
+        self.folded: dict[str, Any] = {}
+        if fold_constants:
+            self._fold_constant_steps()
+
+    # ------------------------------------------------------------------ construction
+    def _slot_of(self, name: str) -> int:
+        slot = self._slot.get(name)
+        if slot is None:
+            slot = self._slot[name] = len(self._slot)
+        return slot
+
+    def _build_step(self, node: Node) -> _Step:
+        domain = "" if node.domain in ("", "ai.onnx") else node.domain
+        opset = self.graph.opset_imports.get(domain, self.graph.opset if domain == "" else 1)
+        fn = lookup_op(node.op_type, domain, opset, node.name)
+        ctx = OpContext(op_type=node.op_type, name=node.name, domain=domain, opset=opset,
+                        num_outputs=len(node.outputs))
+        outer: list[tuple[str, int]] = []
+        subs = list(node.subgraphs())
+        if subs:
+            names = sorted(set().union(*(g.free_values() for g in subs)))
+            outer = [(n, self._slot_of(n)) for n in names]
+        return _Step(node, fn, ctx, [self._slot_of(i) if i else -1 for i in node.inputs],
+                     [self._slot_of(o) if o else -1 for o in node.outputs], outer, bool(subs))
+
+    def _fold_constant_steps(self) -> None:
+        """Evaluate steps whose inputs are all constants once; their outputs become constants."""
+        const = {self._slot[n] for n in self.initializers}
+        graph_outs = {v.name for v in self.graph.outputs}
+        kept: list[_Step] = []
+        values: dict[int, Any] = {self._slot[n]: t for n, t in self.initializers.items()}
+        for step in self._steps:
+            node = step.node
+            foldable = (node.op_type not in NONDETERMINISTIC and not step.has_subgraphs
+                        and all(s in const for s in step.in_slots if s >= 0)
+                        and not graph_outs.intersection(node.outputs)
+                        and node.op_type not in ("If", "Loop", "Scan"))
+            if not foldable:
+                kept.append(step)
+                continue
+            args = [values[s] if s >= 0 else None for s in step.in_slots]
+            with torch.inference_mode():
+                outs = self._call(step, args)
+            for slot, name, out in zip(step.out_slots, node.outputs, outs):
+                if slot >= 0:
+                    values[slot] = out
+                    const.add(slot)
+                    self.folded[name] = out
+        self._steps = kept
+
+    # ------------------------------------------------------------------ hooks
+    def add_pre_hook(self, fn: PreHook) -> Handle:
+        """fn(node, inputs) before each op; return replacement inputs or None.  Initializers consumed
+        by the op are among its inputs."""
+        self._pre_hooks.append(fn)
+        return Handle(self._pre_hooks, fn)
+
+    def add_post_hook(self, fn: PostHook) -> Handle:
+        """fn(node, outputs) after each op; return replacement outputs or None."""
+        self._post_hooks.append(fn)
+        return Handle(self._post_hooks, fn)
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, outputs: tuple[str, ...], keep: tuple[str, ...] | bool) -> _Plan:
+        key = (outputs, keep)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        for name in outputs:
+            if name not in self._slot:
+                raise DataError(f"requested output '{name}' is no value of graph '{self.graph.name}'")
+        wanted = {self._slot[n] for n in outputs}
+        keep_slots = set(self._slot.values()) if keep is True else {self._slot[n] for n in keep or ()
+                                                                     if n in self._slot}
+        needed = wanted | keep_slots
+        steps: list[_Step] = []
+        for step in reversed(self._steps):
+            if needed.intersection(step.out_slots) or keep is True:
+                steps.append(step)
+                needed.update(s for s in step.in_slots if s >= 0)
+                needed.update(s for _, s in step.outer)
+        steps.reverse()
+        protected = wanted | keep_slots | {self._slot[n] for n in self.initializers} | \
+            {self._slot[n] for n in self.folded}
+        last_use: dict[int, int] = {}
+        for i, step in enumerate(steps):
+            for s in (*step.in_slots, *(s for _, s in step.outer)):
+                if s >= 0:
+                    last_use[s] = i
+            for s in step.out_slots:  # outputs nobody reads die right away
+                if s >= 0:
+                    last_use.setdefault(s, i)
+        frees: list[list[int]] = [[] for _ in steps]
+        for s, i in last_use.items():
+            if s not in protected:
+                frees[i].append(s)
+        out_slots = [(n, self._slot[n]) for n in outputs]
+        if keep is True:
+            out_slots += [(n, s) for n, s in self._slot.items() if n not in outputs]
+        elif keep:
+            out_slots += [(n, self._slot[n]) for n in keep if n in self._slot and n not in outputs]
+        plan = _Plan(list(zip(steps, frees)), out_slots)
+        self._plans[key] = plan
+        return plan
+
+    # ------------------------------------------------------------------ running
+    def _bind(self, inputs: Inputs) -> list[tuple[int, Any]]:
+        graph_inputs = self.graph.inputs
+        if isinstance(inputs, Mapping):
+            unknown = [k for k in inputs if k not in self._slot or
+                       (k not in {v.name for v in graph_inputs} and k not in self.initializers)]
+            if unknown:
+                raise DataError(f"unknown input name(s) {unknown} for graph '{self.graph.name}'; "
+                                f"inputs are {[v.name for v in graph_inputs]}")
+            missing = [v.name for v in graph_inputs if v.name not in inputs]
+            if missing:
+                raise DataError(f"missing input(s) {missing} for graph '{self.graph.name}'")
+            pairs = [(k, inputs[k]) for k in inputs]
+        else:
+            items = list(inputs)
+            if len(items) != len(graph_inputs):
+                raise DataError(f"graph '{self.graph.name}' takes {len(graph_inputs)} input(s) "
+                                f"{[v.name for v in graph_inputs]}, got {len(items)}")
+            pairs = [(v.name, x) for v, x in zip(graph_inputs, items)]
+        bound = []
+        by_name = {v.name: v for v in graph_inputs}
+        for name, x in pairs:
+            t = _to_tensor(x)
+            if isinstance(t, torch.Tensor):
+                if self.check_inputs and name in by_name:
+                    self._check_input(name, t, by_name[name])
+                if t.device != self.device:
+                    t = t.to(self.device)
+            bound.append((self._slot[name], t))
+        return bound
+
+    def _check_input(self, name: str, t: torch.Tensor, spec: Any) -> None:
+        if spec.dtype is not None and t.dtype != spec.dtype:
+            raise DataError(f"input '{name}' of graph '{self.graph.name}' must be {spec.dtype}, got {t.dtype}; "
+                            f"cast it (e.g. x.to({spec.dtype}))")
+        if spec.shape is not None:
+            if t.dim() != len(spec.shape):
+                raise DataError(f"input '{name}' of graph '{self.graph.name}' must have rank {len(spec.shape)} "
+                                f"(shape {list(spec.shape)}), got shape {list(t.shape)}")
+            for i, (want, got) in enumerate(zip(spec.shape, t.shape)):
+                if isinstance(want, int) and want > 0 and want != got:
+                    raise DataError(f"input '{name}' of graph '{self.graph.name}' must have shape "
+                                    f"{list(spec.shape)}, got {list(t.shape)} (dim {i}: {got} != {want})")
+
+    def _call(self, step: _Step, args: list[Any]) -> list[Any]:
+        try:
+            outs = step.fn(args, step.node.attrs, step.ctx)
+        except NetquantError:
+            raise
+        except Exception as exc:
+            shapes = [tuple(a.shape) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args]
+            raise DataError(f"{step.node.op_type} node '{step.node.name}' failed on inputs "
+                            f"{dict(zip(step.node.inputs, shapes))}: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(outs, list | tuple):
+            outs = [outs]
+        return list(outs)
+
+    def _grad_needed(self, bound: list[tuple[int, Any]]) -> bool:
+        if not torch.is_grad_enabled():
+            return False
+        if self._pre_hooks or self._post_hooks:
+            return True
+        if any(isinstance(t, torch.Tensor) and t.requires_grad for _, t in bound):
+            return True
+        return any(isinstance(t, torch.Tensor) and t.requires_grad for t in self.initializers.values())
+
+    def run(self, inputs: Inputs, *, outputs: Sequence[str] | None = None,
+            keep: Sequence[str] | bool = False) -> dict[str, Any]:
+        """Run the graph; returns the graph outputs (or `outputs`) plus the kept values."""
+        bound = self._bind(inputs)
+        outs = tuple(outputs) if outputs is not None else tuple(v.name for v in self.graph.outputs)
+        keep_key: tuple[str, ...] | bool = keep if isinstance(keep, bool) else tuple(keep)
+        plan = self._plan(outs, keep_key)
+        mode = contextlib.nullcontext() if self._grad_needed(bound) else torch.inference_mode()
+        with mode:
+            return self._execute(plan, bound, {})
+
+    def _execute(self, plan: _Plan, bound: list[tuple[int, Any]], outer: Mapping[str, Any]) -> dict[str, Any]:
+        env: list[Any] = [None] * len(self._slot)
+        for name, t in self.initializers.items():
+            env[self._slot[name]] = t
+        for name, t in self.folded.items():
+            env[self._slot[name]] = t
+        for name, slot in self._outer_slots:
+            env[slot] = outer[name]
+        for slot, t in bound:
+            env[slot] = t
+        pre, post = self._pre_hooks, self._post_hooks
+        for step, frees in plan.steps:
+            args = [env[s] if s >= 0 else None for s in step.in_slots]
+            if pre:
+                for hook in pre:
+                    new = hook(step.node, args)
+                    if new is not None:
+                        args = list(new)
+            if step.has_subgraphs:
+                scope = {n: env[s] for n, s in step.outer}
+                step.ctx.run_subgraph = self._subgraph_runner(scope)
+            results = self._call(step, args)
+            if post:
+                for hook in post:
+                    new = hook(step.node, results)
+                    if new is not None:
+                        results = list(new)
+            for slot, value in zip(step.out_slots, results):
+                if slot >= 0:
+                    env[slot] = value
+            for s in frees:
+                env[s] = None
+        return {name: env[slot] for name, slot in plan.out_slots}
+
+    # ------------------------------------------------------------------ subgraphs
+    def _subgraph_runner(self, scope: dict[str, Any]) -> Callable[..., list[Any]]:
+        def run_subgraph(graph: Graph, inputs: list[Any], extra: Mapping[str, Any] | None = None) -> list[Any]:
+            sub = self._sub_executors.get(id(graph))
+            if sub is None:
+                sub = Executor(graph, self.device, fold_constants=False, check_inputs=False,
+                               _outer_names=sorted(graph.free_values()),
+                               _hooks=(self._pre_hooks, self._post_hooks))
+                self._sub_executors[id(graph)] = sub
+            env_outer = dict(scope)
+            if extra:
+                env_outer.update(extra)
+            if len(inputs) > len(graph.inputs):
+                raise ModelError(f"subgraph '{graph.name}' takes {len(graph.inputs)} inputs, got {len(inputs)}")
+            bound = [(sub._slot[v.name], x) for v, x in zip(graph.inputs, inputs)]
+            plan = sub._plan(tuple(v.name for v in graph.outputs), False)
+            result = sub._execute(plan, bound, env_outer)
+            return [result[v.name] for v in graph.outputs]
+
+        return run_subgraph
+
+
+def run_graph(graph: Graph, inputs: Inputs, device: str | torch.device = "cpu") -> dict[str, Any]:
+    """One-shot convenience: Executor(graph, device).run(inputs)."""
+    return Executor(graph, device).run(inputs)

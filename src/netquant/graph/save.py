@@ -1,0 +1,171 @@
+"""Graph -> ONNX ModelProto / file, losslessly, validated by onnx.checker, written atomically."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from netquant.errors import ModelError
+from netquant.graph.attrs import encode_attribute
+from netquant.graph.dtypes import onnx_elem_type, tensor_to_proto
+from netquant.graph.ir import Graph, Node, Value
+
+_PROTO_LIMIT = 2**31 - 2**24
+
+
+def value_to_proto(value: Value) -> onnx.ValueInfoProto:
+    vi = onnx.ValueInfoProto()
+    vi.name = value.name
+    if value.doc_string:
+        vi.doc_string = value.doc_string
+    if value.type_proto is not None:
+        vi.type.ParseFromString(value.type_proto)
+        return vi
+    elem = value.elem_type
+    if elem is None and value.dtype is not None:
+        elem = onnx_elem_type(value.dtype)
+    if elem is None and value.shape is None:
+        return vi
+    tt = vi.type.tensor_type
+    tt.elem_type = elem or 0
+    if value.shape is not None:
+        shape = tt.shape
+        shape.SetInParent()
+        for d in value.shape:
+            dim = shape.dim.add()
+            if isinstance(d, int):
+                dim.dim_value = d
+            elif isinstance(d, str):
+                dim.dim_param = d
+    return vi
+
+
+def node_to_proto(node: Node, opset_imports: dict[str, int]) -> onnx.NodeProto:
+    proto = onnx.NodeProto()
+    proto.name = node.name
+    proto.op_type = node.op_type
+    if node.domain:
+        proto.domain = node.domain
+    proto.input.extend(node.inputs)
+    proto.output.extend(node.outputs)
+    if node.doc_string:
+        proto.doc_string = node.doc_string
+    for key in node.attrs:
+        proto.attribute.append(encode_attribute(
+            key, node.attrs[key], node.attr_types.get(key),
+            encode_graph=lambda g: graph_to_proto(g, opset_imports, is_subgraph=True)))
+    for fld, val in node.extra.items():
+        if fld not in proto.DESCRIPTOR.fields_by_name:
+            continue
+        if isinstance(val, str):
+            setattr(proto, fld, val)
+        else:
+            target = getattr(proto, fld)
+            for raw in val:
+                target.add().ParseFromString(raw)
+    return proto
+
+
+def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *, ir_version: int = 10,
+                   is_subgraph: bool = False) -> onnx.GraphProto:
+    """GraphProto of a graph; initializers are listed among the inputs too when ir_version < 4."""
+    opsets = opset_imports if opset_imports is not None else graph.opset_imports
+    gp = onnx.GraphProto()
+    gp.name = graph.name
+    if graph.doc_string:
+        gp.doc_string = graph.doc_string
+    gp.node.extend(node_to_proto(n, opsets) for n in graph.nodes)
+    gp.input.extend(value_to_proto(v) for v in graph.inputs)
+    if ir_version < 4 and not is_subgraph:
+        listed = set(graph.input_names)
+        for name, t in graph.initializers.items():
+            if name not in listed:
+                elem = graph.initializer_types.get(name) or onnx_elem_type(t.dtype)
+                gp.input.append(onnx.helper.make_tensor_value_info(name, elem, list(t.shape)))
+    gp.output.extend(value_to_proto(v) for v in graph.outputs)
+    for name, t in graph.initializers.items():
+        gp.initializer.append(tensor_to_proto(t, name, graph.initializer_types.get(name)))
+    for raw in graph.opaque_initializers.values():
+        gp.initializer.add().ParseFromString(raw)
+    for raw in graph.sparse_initializers:
+        gp.sparse_initializer.add().ParseFromString(raw)
+    live = graph.value_names() | graph.free_values()
+    for name in graph.value_info:
+        if name in graph.declared_value_info and name in live:
+            gp.value_info.append(value_to_proto(graph.value_info[name]))
+    return gp
+
+
+def to_onnx(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
+    """ModelProto of a graph (lossless w.r.t. the loaded model); onnx.checker-validated when check."""
+    info = graph.model_info
+    model = onnx.ModelProto()
+    model.ir_version = info.ir_version
+    model.producer_name = info.producer_name
+    model.producer_version = info.producer_version
+    model.domain = info.domain
+    model.model_version = info.model_version
+    model.doc_string = info.doc_string
+    for domain, version in graph.opset_imports.items():
+        op = model.opset_import.add()
+        op.domain = domain
+        op.version = version
+    for key, val in info.metadata_props.items():
+        p = model.metadata_props.add()
+        p.key, p.value = key, val
+    for raw in info.functions:
+        model.functions.add().ParseFromString(raw)
+    for raw in info.training_info:
+        model.training_info.add().ParseFromString(raw)
+    model.graph.CopyFrom(graph_to_proto(graph, ir_version=info.ir_version))
+    if check:
+        check_model(model, f"graph '{graph.name}'")
+    return model
+
+
+def check_model(model: onnx.ModelProto, where: str) -> None:
+    """onnx.checker on a model (via a temp file above the 2 GiB protobuf limit); ModelError if invalid."""
+    try:
+        if model.ByteSize() < _PROTO_LIMIT:
+            onnx.checker.check_model(model)
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                path = os.path.join(tmp, "model.onnx")
+                onnx.save_model(model, path, save_as_external_data=True, location="model.data")
+                onnx.checker.check_model(path)
+    except onnx.checker.ValidationError as exc:
+        raise ModelError(f"{where} fails onnx.checker: {str(exc).splitlines()[0][:500]}") from exc
+
+
+def save_onnx(graph: Graph, path: str | os.PathLike, *, external_data: bool | None = None,
+              check: bool = True) -> None:
+    """Write the graph to `path` atomically (whole file or nothing), checked by onnx.checker.
+
+    external_data: None = automatically above 2 GiB; True = weights go to '<file name>.data' next to it.
+    """
+    path = Path(path)
+    model = to_onnx(graph, check=check)
+    if external_data is None:
+        external_data = model.ByteSize() >= _PROTO_LIMIT
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmpdir = tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        tmp_model = os.path.join(tmpdir, path.name)
+        location = f"{path.name}.data"
+        if external_data:
+            onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
+                            location=location, size_threshold=1024)
+            data = os.path.join(tmpdir, location)
+            if os.path.exists(data):
+                os.replace(data, path.parent / location)
+        else:
+            onnx.save_model(model, tmp_model)
+        os.replace(tmp_model, path)
+    except OSError as exc:
+        raise ModelError(f"cannot write ONNX model to {path}: {exc}") from exc
+    finally:
+        shutil.rmtree(tmpdir, ignore_errors=True)
