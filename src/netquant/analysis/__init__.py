@@ -1,1 +1,6 @@
-"""netquant.analysis"""
+"""Quantization analysis: per-layer error between the FP32 and the fake-quantized model."""
+
+from netquant.analysis.layer_error import LayerError, cosine, layer_errors, snr_db
+from netquant.analysis.report import markdown_table, rich_table, worst
+
+__all__ = ["LayerError", "cosine", "layer_errors", "markdown_table", "rich_table", "snr_db", "worst"]

@@ -1,0 +1,133 @@
+"""QuantizedModel: what quantize_onnx / quantize_torch return."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from netquant.analysis import LayerError, cosine, layer_errors, rich_table, snr_db, worst
+from netquant.errors import ConfigError
+from netquant.passes.calib_data import CalibrationData
+from netquant.passes.quant_graph import QuantizedGraph
+
+EXPORT_FORMATS = ("qdq", "json", "tensorrt_cache")
+
+
+class QuantizedModel:
+    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
+
+    def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
+                 calib_data: CalibrationData | None = None) -> None:
+        self.qgraph = qgraph
+        self.source = source
+        self.timings = dict(timings or {})
+        self._calib_data = calib_data
+
+    # ---- facts -----------------------------------------------------------------------------
+    @property
+    def graph(self) -> Any:
+        return self.qgraph.graph
+
+    @property
+    def platform(self) -> Any:
+        return self.qgraph.platform
+
+    @property
+    def warnings(self) -> list[str]:
+        return self.qgraph.warnings
+
+    def quantized_ops(self) -> list[str]:
+        return self.qgraph.quantized_ops()
+
+    def summary(self) -> dict[str, Any]:
+        """Counts and timings of this quantization run."""
+        types: dict[str, int] = {}
+        graph = self.qgraph.graph
+        quantized = set(self.quantized_ops())
+        for n in graph.nodes:
+            if n.name in quantized:
+                types[n.op_type] = types.get(n.op_type, 0) + 1
+        return {"platform": self.platform.name, "ops": len(graph.nodes), "quantized_ops": len(quantized),
+                "quantized_by_type": dict(sorted(types.items())), "timings_s": dict(self.timings),
+                "warnings": list(self.warnings)}
+
+    # ---- running ---------------------------------------------------------------------------
+    def run(self, inputs: Any, fake_quant: bool = True) -> dict[str, torch.Tensor]:
+        """Outputs of the fake-quantized model (fake_quant=False: the cleaned-up FP32 model)."""
+        return self.qgraph.run(inputs, fake_quant=fake_quant)
+
+    def __call__(self, inputs: Any) -> dict[str, torch.Tensor]:
+        return self.run(inputs)
+
+    def evaluate(self, data: Iterable[Any], metric: Callable[[dict[str, torch.Tensor], Any], float] | None = None
+                 ) -> dict[str, Any]:
+        """Compare FP32 and fake-quant on `data`.
+
+        Without `metric`: data are input batches; returns per-output SNR (dB) and cosine.
+        With `metric(outputs, target) -> float`: data are (inputs, target) pairs; returns the mean
+        metric for both models ({"fp32": .., "quantized": ..}).
+        """
+        fp_ex, q_ex = self.qgraph.executor(fake_quant=False), self.qgraph.executor(fake_quant=True)
+        if metric is None:
+            refs: dict[str, list[torch.Tensor]] = {}
+            tests: dict[str, list[torch.Tensor]] = {}
+            with torch.no_grad():
+                for batch in data:
+                    for k, v in fp_ex.run(batch).items():
+                        refs.setdefault(k, []).append(v.reshape(-1).float())
+                    for k, v in q_ex.run(batch).items():
+                        tests.setdefault(k, []).append(v.reshape(-1).float())
+            return {k: {"snr_db": snr_db(torch.cat(refs[k]), torch.cat(tests[k])),
+                        "cosine": cosine(torch.cat(refs[k]), torch.cat(tests[k]))} for k in refs}
+        totals = {"fp32": 0.0, "quantized": 0.0}
+        n = 0
+        with torch.no_grad():
+            for batch, target in data:
+                totals["fp32"] += float(metric(fp_ex.run(batch), target))
+                totals["quantized"] += float(metric(q_ex.run(batch), target))
+                n += 1
+        if n == 0:
+            raise ConfigError("evaluate needs at least one (inputs, target) pair")
+        return {k: v / n for k, v in totals.items()}
+
+    # ---- analysis --------------------------------------------------------------------------
+    def layer_report(self, data: Iterable[Any] | None = None, max_batches: int = 1,
+                     ops: Sequence[str] | None = None) -> list[LayerError]:
+        """Per-op SNR / cosine between FP32 and fake-quant (default: the first calibration batch)."""
+        if data is None:
+            if self._calib_data is None:
+                raise ConfigError("layer_report needs data (no calibration data kept)")
+            data = self._calib_data
+        batches = []
+        for i, b in enumerate(data):
+            if i >= max_batches:
+                break
+            batches.append(b)
+        return layer_errors(self.qgraph, batches, ops)
+
+    def print_report(self, data: Iterable[Any] | None = None, top: int = 15) -> list[LayerError]:
+        from rich.console import Console
+
+        errors = self.layer_report(data)
+        Console().print(rich_table(worst(errors, top), title=f"{top} op outputs with the lowest SNR"))
+        return errors
+
+    # ---- export ----------------------------------------------------------------------------
+    def export(self, path: str | Path, format: str = "qdq", **kwargs: Any) -> Any:
+        """Write the model: 'qdq' (ONNX QDQ), 'json' (quant params), 'tensorrt_cache' (calib cache)."""
+        from netquant import export
+
+        if format == "qdq":
+            return export.export_qdq(self.qgraph, path, **kwargs)
+        if format == "json":
+            return export.export_quant_params_json(self.qgraph, path, **kwargs)
+        if format == "tensorrt_cache":
+            return export.export_tensorrt_calib_cache(self.qgraph, path, **kwargs)
+        raise ConfigError(f"unknown export format '{format}'; choose one of {', '.join(EXPORT_FORMATS)}")
+
+    def __repr__(self) -> str:
+        return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "
+                f"{len(self.quantized_ops())}/{len(self.graph.nodes)} ops quantized)")

@@ -1,0 +1,77 @@
+"""quantize_onnx / quantize_torch: the PTQ entry points."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+
+from netquant.api.model import QuantizedModel
+from netquant.errors import ModelError
+from netquant.graph import Graph, load_onnx
+from netquant.passes.ptq import quantize_graph
+from netquant.passes.settings import QuantSettings
+from netquant.platforms import Platform
+
+DEFAULT_PLATFORM = "onnxruntime_int8"
+
+
+def _load(model: str | os.PathLike[str] | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+    if isinstance(model, Graph):
+        return model.copy(), model.name
+    if isinstance(model, onnx.ModelProto):
+        return load_onnx(model), model.graph.name
+    if isinstance(model, (str, os.PathLike)):
+        path = Path(model)
+        if not path.exists():
+            raise ModelError(f"model file '{path}' does not exist")
+        return load_onnx(str(path)), str(path)
+    raise ModelError(f"model must be a path, an onnx.ModelProto or a netquant Graph, got {type(model).__name__}")
+
+
+def quantize_onnx(model: str | os.PathLike[str] | onnx.ModelProto | Graph, calib_data: Any,
+                  platform: str | Platform = DEFAULT_PLATFORM, **settings: Any) -> QuantizedModel:
+    """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
+
+    settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
+    force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...).
+    """
+    t0 = time.perf_counter()
+    s = QuantSettings.from_kwargs(platform, settings)
+    graph, source = _load(model)
+    qgraph, timings = quantize_graph(graph, calib_data, s)
+    timings = {**timings, "total": time.perf_counter() - t0}
+    from netquant.passes.calib_data import CalibrationData
+
+    data = CalibrationData(qgraph.graph, calib_data, s.batch_size, 1) if not _is_iterator(calib_data) else None
+    return QuantizedModel(qgraph, source, timings, data)
+
+
+def _is_iterator(x: Any) -> bool:
+    return iter(x) is x if hasattr(x, "__iter__") and not isinstance(x, (torch.Tensor, dict)) else False
+
+
+def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
+                   platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = 17,
+                   input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
+                   dynamic_axes: dict[str, dict[int, str]] | None = None, **settings: Any) -> QuantizedModel:
+    """Export `module` with torch.onnx.export (to a temporary file), then quantize_onnx it."""
+    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+    module = module.eval()
+    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    with tempfile.TemporaryDirectory(prefix="netquant_torch_") as tmp:
+        path = Path(tmp) / "model.onnx"
+        try:
+            torch.onnx.export(module, args, str(path), opset_version=opset, input_names=names,
+                              output_names=list(output_names) if output_names else None,
+                              dynamic_axes=dynamic_axes, dynamo=False)
+        except Exception as err:  # noqa: BLE001 - any exporter failure is reported the same way
+            raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
+        proto = onnx.load(str(path))
+    return quantize_onnx(proto, calib_data, platform, **settings)

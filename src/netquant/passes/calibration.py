@@ -1,0 +1,88 @@
+"""Calibration: observe every INITIAL config's tensor through the executor, then set its params.
+
+Weights and other constants are observed directly from their values.  Activations are observed
+in FP32 (no fake quantization upstream) with the observer each config names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.errors import CalibrationError
+from netquant.graph import Executor, Node
+from netquant.passes.observers import make_observer
+from netquant.passes.pipeline import PassContext
+from netquant.passes.quantizer import GraphIndex
+
+
+def _needs_params(cfg: TensorQuantConfig | None) -> bool:
+    return cfg is not None and cfg.state is QuantState.INITIAL and cfg.dominated_by is None
+
+
+@dataclass
+class CalibrationPass:
+    name: str = "calibration"
+
+    def run(self, ctx: PassContext) -> None:
+        qgraph = ctx.qgraph
+        graph = qgraph.graph
+        options = qgraph.platform.observer_options
+        index = GraphIndex(graph)
+        on_input: dict[str, list[tuple[int, TensorQuantConfig, Any]]] = {}
+        on_output: dict[str, list[tuple[int, TensorQuantConfig, Any]]] = {}
+        observed: list[tuple[TensorQuantConfig, Any]] = []
+        for oc in qgraph.op_configs.values():
+            node = oc.op
+            for i, cfg in enumerate(oc.inputs):
+                if not _needs_params(cfg):
+                    continue
+                assert cfg is not None
+                const = index.constant(node.inputs[i])
+                obs = make_observer(cfg.observer, cfg.spec, node.inputs[i], options)
+                if const is not None:
+                    obs.observe(const.detach().float())
+                    cfg.params = obs.compute_params()
+                    cfg.state = QuantState.ACTIVATED
+                    continue
+                on_input.setdefault(node.name, []).append((i, cfg, obs))
+                observed.append((cfg, obs))
+            for j, cfg in enumerate(oc.outputs):
+                if not _needs_params(cfg):
+                    continue
+                assert cfg is not None
+                obs = make_observer(cfg.observer, cfg.spec, node.outputs[j], options)
+                on_output.setdefault(node.name, []).append((j, cfg, obs))
+                observed.append((cfg, obs))
+        ctx.qgraph.info["observed_tensors"] = len(observed)
+        if not observed:
+            return
+        if ctx.calib_data is None:
+            names = ", ".join(c.name for c, _ in observed[:5])
+            raise CalibrationError(f"{len(observed)} activation tensors need calibration data ({names}, ...); "
+                                   f"pass calib_data")
+
+        def pre(node: Node, inputs: list[Any]) -> None:
+            for i, _cfg, obs in on_input.get(node.name, ()):
+                x = inputs[i]
+                if isinstance(x, torch.Tensor):
+                    obs.observe(x)
+
+        def post(node: Node, outputs: list[Any]) -> None:
+            for j, _cfg, obs in on_output.get(node.name, ()):
+                if j < len(outputs) and isinstance(outputs[j], torch.Tensor):
+                    obs.observe(outputs[j])
+
+        ex = Executor(graph, device=ctx.settings.device)
+        ex.add_pre_hook(pre)
+        ex.add_post_hook(post)
+        data = ctx.calib_data
+        with torch.no_grad():
+            for batch in ctx.track(data, "calibrating", total=data.num_batches):
+                ex.run(batch)
+        for cfg, obs in observed:
+            cfg.params = obs.compute_params()
+            cfg.state = QuantState.ACTIVATED

@@ -1,0 +1,162 @@
+"""The quantized graph: an FP32 graph plus one quantization config per op input and output.
+
+Placement semantics (what the executor's fake quantization and netquant.export both follow):
+
+- ACTIVATED / PASSIVE / BAKED with params: the tensor is quantized *at this place*
+  (an output config: right after the producing op, seen by every consumer; an input config:
+  on the edge into this op only).
+- OVERLAPPED: represented by its `dominated_by` config at the same tensor: nothing extra here.
+  Used for a consumer input whose producer already quantizes the tensor, and for fusions
+  (Conv output and Relu input OVERLAPPED by the Relu output: one quantizer after the Relu).
+- A config may share params with another while still emitting (state ACTIVATED / PASSIVE,
+  dominated_by set): pass-through outputs (Reshape, MaxPool) and shared-scale groups (Concat).
+- FP32 / SOI: float, nothing.  None: never quantized (non-float or omitted inputs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.core.ops import fake_quantize
+from netquant.graph import Executor, Graph, Node
+from netquant.platforms.platform import Platform
+
+EMITTING = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.BAKED})
+
+
+@dataclass
+class OpQuantConfig:
+    """Configs of one op: one per input and one per output (None = never quantized)."""
+
+    op: Node
+    inputs: list[TensorQuantConfig | None]
+    outputs: list[TensorQuantConfig | None]
+    # roles of the inputs the quantizer recognised (index -> "activation" | "weight" | "bias")
+    roles: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def is_quantized(self) -> bool:
+        """True if any input or output is quantized (or waits for params)."""
+        return any(c is not None and (c.is_active or c.state.is_pending)
+                   for c in [*self.inputs, *self.outputs])
+
+    def configs(self) -> Iterator[TensorQuantConfig]:
+        yield from (c for c in [*self.inputs, *self.outputs] if c is not None)
+
+    def weight_config(self) -> TensorQuantConfig | None:
+        return next((self.inputs[i] for i, r in self.roles.items() if r == "weight"), None)
+
+    def bias_config(self) -> TensorQuantConfig | None:
+        return next((self.inputs[i] for i, r in self.roles.items() if r == "bias"), None)
+
+
+def emits(cfg: TensorQuantConfig | None) -> bool:
+    """True if this config quantizes its tensor at its own place (see module docstring)."""
+    return cfg is not None and cfg.state in EMITTING and cfg.effective_params is not None
+
+
+def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
+    """x' = dequantize(quantize(x)) with the config's effective params."""
+    params = cfg.effective_params
+    assert params is not None
+    scale, zp = params.scale.to(x.device), params.zero_point.to(x.device)
+    return fake_quantize(x, scale, zp, cfg.root.spec)
+
+
+class QuantizedGraph:
+    """A cleaned-up FP32 graph with the configs the quantizer built for `platform`."""
+
+    def __init__(self, graph: Graph, platform: Platform, op_configs: Mapping[str, OpQuantConfig],
+                 warnings: Sequence[str] = ()) -> None:
+        self.graph = graph
+        self.platform = platform
+        self.op_configs: dict[str, OpQuantConfig] = dict(op_configs)
+        self.warnings: list[str] = list(warnings)
+        self.info: dict[str, Any] = {}  # facts recorded by passes (timings, counts)
+
+    # ---- queries ---------------------------------------------------------------------------
+    def configs(self) -> Iterator[TensorQuantConfig]:
+        """Every config of every op, in graph order (a shared config may appear once per place)."""
+        for node in self.graph.nodes:
+            oc = self.op_configs.get(node.name)
+            if oc is not None:
+                yield from oc.configs()
+
+    def quantized_ops(self) -> list[str]:
+        """Names of the ops with at least one quantized input or output, in graph order."""
+        return [n.name for n in self.graph.nodes
+                if (oc := self.op_configs.get(n.name)) is not None and oc.is_quantized]
+
+    def output_config(self, tensor: str) -> TensorQuantConfig | None:
+        """The config of `tensor` at its producer (None for graph inputs / initializers)."""
+        producer = self.graph.producer(tensor)
+        if producer is None or producer.name not in self.op_configs:
+            return None
+        oc = self.op_configs[producer.name]
+        return oc.outputs[producer.outputs.index(tensor)]
+
+    # ---- running ---------------------------------------------------------------------------
+    def executor(self, fake_quant: bool = True, device: str | torch.device = "cpu") -> Executor:
+        """An Executor over the graph; with fake_quant, every emitting config fake-quantizes its tensor."""
+        ex = Executor(self.graph, device=device)
+        if fake_quant:
+            self.attach_fake_quant(ex)
+        return ex
+
+    def attach_fake_quant(self, ex: Executor) -> list[Any]:
+        """Add pre/post hooks applying fake quantization; returns the hook handles."""
+        in_plan: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
+        out_plan: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
+        for name, oc in self.op_configs.items():
+            ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
+            outs = [(i, c) for i, c in enumerate(oc.outputs) if emits(c)]
+            if ins:
+                in_plan[name] = ins
+            if outs:
+                out_plan[name] = outs
+        weight_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+        def apply(node: Node, tensors: list[Any], plan: list[tuple[int, TensorQuantConfig]],
+                  is_input: bool) -> list[Any]:
+            out = list(tensors)
+            for i, cfg in plan:
+                x = out[i] if i < len(out) else None
+                if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                    continue
+                if is_input and not x.requires_grad and node.inputs[i] in self.graph.initializers:
+                    key = id(cfg)
+                    hit = weight_cache.get(key)
+                    if hit is not None and hit[0] is x:
+                        out[i] = hit[1]
+                        continue
+                    fq = fake_quant(x, cfg)
+                    weight_cache[key] = (x, fq)
+                    out[i] = fq
+                else:
+                    out[i] = fake_quant(x, cfg)
+            return out
+
+        def pre(node: Node, inputs: list[Any]) -> list[Any] | None:
+            plan = in_plan.get(node.name)
+            return apply(node, inputs, plan, True) if plan else None
+
+        def post(node: Node, outputs: list[Any]) -> list[Any] | None:
+            plan = out_plan.get(node.name)
+            return apply(node, outputs, plan, False) if plan else None
+
+        return [ex.add_pre_hook(pre), ex.add_post_hook(post)]
+
+    def run(self, inputs: Any, fake_quant: bool = True, outputs: Sequence[str] | None = None
+            ) -> dict[str, torch.Tensor]:
+        """Run the graph (fake-quantized by default) and return the named or graph outputs."""
+        with torch.no_grad():
+            return self.executor(fake_quant=fake_quant).run(inputs, outputs=outputs)
+
+    def __repr__(self) -> str:
+        return (f"QuantizedGraph({self.graph.name!r}, platform={self.platform.name}, "
+                f"{len(self.quantized_ops())}/{len(self.graph.nodes)} ops quantized)")

@@ -1,0 +1,396 @@
+"""Build a config for every input and output of every op from the platform's rules.
+
+Steps (all decisions are data from `Platform.rules` / `Platform.fusions`):
+1. decide which ops are quantized, in topological order (an op whose rule
+   `requires_quantized_input` is quantized only when its inputs already are);
+2. fusions: in a chain such as Conv -> Relu the intermediate tensor is not quantized; the
+   chain's last output is (head output and tail input OVERLAPPED by it);
+3. output quantizers per the rule's OutputPolicy (WHEN_CONSUMED: only if a quantized consumer
+   reads the tensor);
+4. configs: activation inputs OVERLAPPED by a quantized producer, else their own quantizer
+   (shared between quantized consumers of the same float tensor); weights with the per-channel
+   axis of the op; bias PASSIVE_INIT (int32, derived after calibration); pass-through outputs
+   share their input's params; shared-scale ops (Concat) are recorded as groups for alignment;
+5. the platform's op hook, then user overrides.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.core.spec import Granularity, QuantSpec
+from netquant.errors import UnsupportedOpError
+from netquant.graph import Graph, Node
+from netquant.passes.overrides import Override, matching
+from netquant.passes.quant_graph import OpQuantConfig, QuantizedGraph
+from netquant.platforms.platform import OpRole, OpRule, OutputPolicy, Platform
+
+log = logging.getLogger("netquant.quantizer")
+
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+class QuantizerWarning(UserWarning):
+    """An op the platform would quantize is left in float (an error with strict=True)."""
+
+
+@dataclass
+class GraphIndex:
+    """Producer / consumer maps and constant lookup, built once (Graph's queries are O(nodes))."""
+
+    graph: Graph
+    producer: dict[str, Node] = field(default_factory=dict)
+    consumers: dict[str, list[Node]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for node in self.graph.nodes:
+            for o in node.outputs:
+                if o:
+                    self.producer[o] = node
+            for i in node.inputs:
+                if i:
+                    self.consumers.setdefault(i, []).append(node)
+
+    def constant(self, name: str) -> torch.Tensor | None:
+        """The value of an initializer or a Constant node's output, else None."""
+        if name in self.graph.initializers:
+            return self.graph.initializers[name]
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant" and not node.inputs:
+            value = node.attrs.get("value")
+            if isinstance(value, torch.Tensor):
+                return value
+            for key in ("value_float", "value_floats"):
+                if key in node.attrs:
+                    return torch.tensor(node.attrs[key], dtype=torch.float32)
+        return None
+
+    def dtype(self, name: str) -> torch.dtype | None:
+        const = self.constant(name)
+        if const is not None:
+            return const.dtype
+        return self.graph.value(name).dtype
+
+    def is_float(self, name: str) -> bool:
+        """True for float tensors; unknown dtypes count as float unless produced by a shape op."""
+        dt = self.dtype(name)
+        if dt is not None:
+            return dt in FLOAT_DTYPES
+        prod = self.producer.get(name)
+        return prod is None or prod.op_type not in ("Shape", "Size", "NonZero", "ArgMax", "ArgMin")
+
+
+def _rank(graph: Graph, index: GraphIndex, name: str) -> int:
+    const = index.constant(name)
+    if const is not None:
+        return const.dim()
+    shape = graph.value(name).shape
+    return len(shape) if shape is not None else 0
+
+
+class Quantizer:
+    """Turns (graph, platform, overrides) into a QuantizedGraph with INITIAL / PASSIVE_INIT configs."""
+
+    def __init__(self, platform: Platform, overrides: Sequence[Override] = (), strict: bool = False) -> None:
+        self.platform = platform
+        self.overrides = list(overrides)
+        self.strict = strict
+        self.warnings: list[str] = []
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _warn(self, node: Node, why: str) -> None:
+        msg = (f"{node.op_type} node '{node.name}' stays FP32 on platform '{self.platform.name}': {why}")
+        if self.strict:
+            raise UnsupportedOpError(msg + " (strict mode)")
+        self.warnings.append(msg)
+        warnings.warn(msg, QuantizerWarning, stacklevel=3)
+
+    def _forced_fp32(self, node: Node) -> bool:
+        return any(o.fp32 for o in matching(self.overrides, node))
+
+    def _act_inputs(self, node: Node, rule: OpRule) -> list[int]:
+        idx = range(len(node.inputs)) if rule.activation_inputs is None else rule.activation_inputs
+        return [i for i in idx if i < len(node.inputs) and node.inputs[i]]
+
+    # ---- step 1: which ops --------------------------------------------------------------------
+    def _select(self, graph: Graph, index: GraphIndex) -> tuple[dict[str, OpRule], dict[str, int | None]]:
+        chosen: dict[str, OpRule] = {}
+        weights: dict[str, int | None] = {}
+        quantized_out: set[str] = set()  # tensors surely quantized at their producer (forward view)
+        for node in graph.nodes:
+            rule = self.platform.rule(node.op_type)
+            if node.domain not in ("", "ai.onnx"):
+                if rule is not None:
+                    self._warn(node, f"domain '{node.domain}' is not ai.onnx")
+                continue
+            if rule is None or rule.role is OpRole.ACTIVATION or self._forced_fp32(node):
+                continue
+            acts = self._act_inputs(node, rule)
+            weight: int | None = None
+            if rule.role is OpRole.COMPUTE and rule.weight_input is not None:
+                w = rule.weight_input
+                has_w = w < len(node.inputs) and index.constant(node.inputs[w]) is not None
+                if has_w:
+                    weight = w
+                    acts = [i for i in acts if i != w]
+                elif rule.requires_weight:
+                    continue  # e.g. activation x activation MatMul on a platform that only runs weight MatMuls
+                elif rule.activation_inputs is not None and w not in rule.activation_inputs:
+                    self._warn(node, f"its weight input '{node.inputs[w] if w < len(node.inputs) else ''}' "
+                                     "is not a constant (initializer or Constant node)")
+                    continue
+            if not acts or not all(index.is_float(node.inputs[i]) for i in acts):
+                if acts:
+                    bad = [node.inputs[i] for i in acts if not index.is_float(node.inputs[i])]
+                    self._warn(node, f"input(s) {bad} are not float tensors")
+                continue
+            if rule.requires_quantized_input and not all(
+                    node.inputs[i] in quantized_out or index.constant(node.inputs[i]) is not None
+                    for i in acts):
+                continue
+            if rule.requires_quantized_input and all(index.constant(node.inputs[i]) is not None for i in acts):
+                continue  # constant-only subgraph: nothing to gain
+            chosen[node.name] = rule
+            weights[node.name] = weight
+            if rule.output is OutputPolicy.ALWAYS or rule.role is OpRole.PASS_THROUGH:
+                quantized_out.update(o for o in node.outputs if o)
+        return chosen, weights
+
+    # ---- step 2: fusions ----------------------------------------------------------------------
+    def _fusions(self, graph: Graph, index: GraphIndex, chosen: dict[str, OpRule]) -> dict[str, str]:
+        """Map tail node name -> head node name for every fused chain (intermediates included)."""
+        fused_into: dict[str, str] = {}
+        for pattern in self.platform.fusions:
+            if len(pattern) < 2:
+                continue
+            for head in graph.nodes:
+                if head.op_type != pattern[0] or head.name not in chosen or head.name in fused_into:
+                    continue
+                chain = [head]
+                cur = head
+                for op_type in pattern[1:]:
+                    out = cur.outputs[0] if cur.outputs else ""
+                    cons = index.consumers.get(out, [])
+                    if (len(cons) != 1 or graph.is_graph_output(out) or cons[0].op_type != op_type
+                            or self._forced_fp32(cons[0]) or cons[0].name in fused_into):
+                        break
+                    cur = cons[0]
+                    chain.append(cur)
+                if len(chain) != len(pattern):
+                    continue
+                for n in chain[1:]:
+                    fused_into[n.name] = head.name
+        return fused_into
+
+    # ---- step 3 + 4: configs ------------------------------------------------------------------
+    def build(self, graph: Graph) -> QuantizedGraph:
+        index = GraphIndex(graph)
+        p = self.platform
+        chosen, weights = self._select(graph, index)
+        fused_into = self._fusions(graph, index, chosen)
+        # chain tail of each head: the node whose output carries the quantizer
+        tail_of: dict[str, Node] = {}
+        for node in graph.nodes:
+            if node.name in fused_into:
+                tail_of[fused_into[node.name]] = node
+
+        def consumes_quantized(tensor: str) -> bool:
+            for c in index.consumers.get(tensor, []):
+                rule = chosen.get(c.name)
+                if rule is None:
+                    continue
+                if any(c.inputs[i] == tensor for i in self._act_inputs(c, rule) if i != weights.get(c.name)):
+                    return True
+            return False
+
+        def output_quantized(node: Node, rule: OpRule, tensor: str) -> bool:
+            if rule.role is OpRole.PASS_THROUGH:
+                return True
+            if rule.output is OutputPolicy.ALWAYS:
+                return True
+            if rule.output is OutputPolicy.WHEN_CONSUMED:
+                return consumes_quantized(tensor)
+            return False
+
+        act_observer = p.activation_observer
+        op_configs: dict[str, OpQuantConfig] = {}
+        out_cfg: dict[str, TensorQuantConfig] = {}  # tensor -> config quantizing it at its producer
+        in_cfg_shared: dict[tuple[str, QuantSpec], TensorQuantConfig] = {}  # float tensor -> consumer-side config
+        shared_groups: list[list[TensorQuantConfig]] = []
+
+        def fp32(name: str) -> TensorQuantConfig | None:
+            if not name or not index.is_float(name):
+                return None
+            return TensorQuantConfig(p.activation, QuantState.FP32, act_observer, name=name)
+
+        def activation_input(name: str, spec: QuantSpec, observer: str) -> TensorQuantConfig:
+            producer_cfg = out_cfg.get(name)
+            cfg = TensorQuantConfig(spec, QuantState.INITIAL, observer, name=name)
+            if producer_cfg is not None:
+                cfg.overlap_with(producer_cfg)
+                return cfg
+            key = (name, spec)
+            first = in_cfg_shared.get(key)
+            if first is not None:
+                cfg.dominated_by = first  # same tensor, same spec: one set of params
+            else:
+                in_cfg_shared[key] = cfg
+            return cfg
+
+        for node in graph.nodes:
+            rule = chosen.get(node.name)
+            head_name = fused_into.get(node.name)
+            if rule is None and head_name is None:
+                op_configs[node.name] = OpQuantConfig(node, [fp32(i) for i in node.inputs],
+                                                      [fp32(o) for o in node.outputs])
+                continue
+            ovs = matching(self.overrides, node)
+            act_spec = next((o.activation for o in reversed(ovs) if o.activation is not None), p.activation)
+            observer = next((o.observer for o in reversed(ovs) if o.observer is not None), act_observer)
+
+            if head_name is not None:  # fused tail (e.g. Relu after Conv)
+                head = graph.node(head_name)
+                head_rule = chosen[head_name]
+                tail = tail_of[head_name]
+                inputs: list[TensorQuantConfig | None] = [fp32(i) for i in node.inputs]
+                outputs: list[TensorQuantConfig | None] = [fp32(o) for o in node.outputs]
+                roles = {}
+                if node is tail and output_quantized(head, head_rule, node.outputs[0]):
+                    outputs[0] = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=node.outputs[0])
+                    out_cfg[node.outputs[0]] = outputs[0]
+                oc = OpQuantConfig(node, inputs, outputs, roles)
+                op_configs[node.name] = oc
+                continue
+
+            assert rule is not None
+            w_idx = weights.get(node.name)
+            acts = [i for i in self._act_inputs(node, rule) if i != w_idx]
+            inputs = []
+            roles = {}
+            w_cfg: TensorQuantConfig | None = None
+            for i, name in enumerate(node.inputs):
+                if not name:
+                    inputs.append(None)
+                elif i == w_idx:
+                    rank = _rank(graph, index, name)
+                    spec = p.weight_spec_for(node, rule, rank)
+                    w_override = next((o.weight for o in reversed(ovs) if o.weight is not None), None)
+                    if w_override is not None:
+                        spec = _with_axis(w_override, spec, rank)
+                    w_cfg = TensorQuantConfig(spec, QuantState.INITIAL, p.weight_observer, name=name)
+                    inputs.append(w_cfg)
+                    roles[i] = "weight"
+                elif i == rule.bias_input and w_idx is not None and index.constant(name) is not None:
+                    if p.bias is not None and index.is_float(name) and w_cfg is not None:
+                        b_spec = p.bias
+                        if w_cfg.spec.granularity is Granularity.PER_CHANNEL:
+                            b_spec = b_spec.with_(granularity=Granularity.PER_CHANNEL, axis=0)
+                        inputs.append(TensorQuantConfig(b_spec, QuantState.PASSIVE_INIT, "none", name=name))
+                    else:
+                        inputs.append(fp32(name))
+                    roles[i] = "bias"
+                elif i in acts and index.is_float(name):
+                    if index.constant(name) is not None:
+                        cfg = TensorQuantConfig(act_spec, QuantState.INITIAL, "minmax", name=name)
+                    else:
+                        cfg = activation_input(name, act_spec, observer)
+                    inputs.append(cfg)
+                    roles[i] = "activation"
+                else:
+                    inputs.append(fp32(name))
+
+            outputs = []
+            head_tail = tail_of.get(node.name)
+            for j, name in enumerate(node.outputs):
+                if not name or not index.is_float(name):
+                    outputs.append(None)
+                    continue
+                if head_tail is not None and j == 0:
+                    outputs.append(TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=name))
+                    continue  # resolved below, once the tail's config exists
+                if not output_quantized(node, rule, name):
+                    outputs.append(fp32(name))
+                    continue
+                if rule.role is OpRole.PASS_THROUGH:
+                    src = inputs[acts[0]] if acts else None
+                    cfg = TensorQuantConfig(act_spec, QuantState.PASSIVE_INIT, "none", name=name)
+                    if src is not None:
+                        cfg.dominated_by = src
+                else:
+                    cfg = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=name)
+                outputs.append(cfg)
+                out_cfg[name] = cfg
+            if rule.role is OpRole.SHARED_SCALE:
+                members = [c for i, c in enumerate(inputs) if i in acts and c is not None]
+                members += [c for c in outputs if c is not None and c.state is QuantState.INITIAL]
+                if len(members) > 1:
+                    shared_groups.append(members)
+            op_configs[node.name] = OpQuantConfig(node, inputs, outputs, roles)
+
+        # fused chains: head output and the tails' inputs are represented by the chain's last output
+        for head_name, tail in tail_of.items():
+            head_oc = op_configs[head_name]
+            tail_out = op_configs[tail.name].outputs[0]
+            if tail_out is None or tail_out.state is QuantState.FP32:
+                head_oc.outputs[0] = TensorQuantConfig(p.activation, QuantState.FP32, act_observer,
+                                                       name=head_oc.op.outputs[0])
+                continue
+            head_oc.outputs[0].overlap_with(tail_out)  # type: ignore[union-attr]
+            for n in graph.nodes:
+                if fused_into.get(n.name) == head_name:
+                    oc = op_configs[n.name]
+                    data_in = oc.op.inputs[0]
+                    oc.inputs[0] = TensorQuantConfig(tail_out.spec, QuantState.INITIAL, "none", name=data_in)
+                    oc.inputs[0].overlap_with(tail_out)
+                    if n is not tail:
+                        oc.outputs[0] = TensorQuantConfig(tail_out.spec, QuantState.INITIAL, "none",
+                                                          name=n.outputs[0])
+                        oc.outputs[0].overlap_with(tail_out)
+
+        # consumers of a fused chain's intermediate tensors can only be the chain itself; consumers of
+        # tensors first seen as FP32 but quantized later are fixed here (fusion tails created late)
+        for node in graph.nodes:
+            oc = op_configs[node.name]
+            if node.name in fused_into:
+                continue
+            for i, cfg in enumerate(oc.inputs):
+                name = node.inputs[i] if i < len(node.inputs) else ""
+                if cfg is None or not name or oc.roles.get(i) != "activation":
+                    continue
+                producer_cfg = out_cfg.get(name)
+                if producer_cfg is not None and cfg.state is not QuantState.OVERLAPPED:
+                    cfg.dominated_by = None
+                    cfg.overlap_with(producer_cfg)
+
+        qgraph = QuantizedGraph(graph, p, op_configs, self.warnings)
+        qgraph.info["shared_scale_groups"] = shared_groups
+        qgraph.info["fusions"] = {t.name: h for h, t in tail_of.items()}
+
+        # platform hook, then user spec overrides already applied above; hook runs per quantized op
+        if p.op_hook is not None:
+            for oc in op_configs.values():
+                if oc.is_quantized:
+                    p.op_hook(oc, graph)
+        return qgraph
+
+
+def _with_axis(override: QuantSpec, derived: QuantSpec, rank: int) -> QuantSpec:
+    """A user weight spec, given the op's channel axis when it is per-channel without one that fits."""
+    if override.granularity is Granularity.PER_TENSOR:
+        return override
+    if override.axis is not None and -rank <= override.axis < rank:
+        return override
+    axis = derived.axis if derived.axis is not None else 0
+    return override.with_(axis=axis)
+
+
+def build_quant_graph(graph: Graph, platform: Platform, overrides: Sequence[Override] = (),
+                      strict: bool = False) -> QuantizedGraph:
+    """Configs for every op of `graph` under `platform` (see module docstring)."""
+    return Quantizer(platform, overrides, strict).build(graph)

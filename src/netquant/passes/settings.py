@@ -1,0 +1,88 @@
+"""PTQ settings: everything a user can change about one quantization run."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from netquant.core.spec import Granularity
+from netquant.errors import ConfigError
+from netquant.passes.overrides import OpSelector, Override
+from netquant.platforms import Platform, get_platform
+
+
+@dataclass
+class QuantSettings:
+    """Settings of quantize_onnx / quantize_torch / `netquant quantize`.
+
+    activation_observer / weight_observer: observer names (netquant.calib registry); None = the
+        platform's default.  observer_options: {observer name: {option: value}}.
+    per_channel: None = platform default; False forces per-tensor weights.
+    force_fp32: op selectors ('Conv', 'name:conv1', 'glob:*head*', 're:^blocks\\.1') left in float.
+    overrides: Override objects changing specs of selected ops.
+    strict: an op the platform would quantize but cannot stays FP32 with a warning; strict raises.
+    """
+
+    platform: Platform
+    activation_observer: str | None = None
+    weight_observer: str | None = None
+    observer_options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    per_channel: bool | None = None
+    force_fp32: tuple[str | OpSelector, ...] = ()
+    overrides: tuple[Override, ...] = ()
+    strict: bool = False
+    quiet: bool = False
+    batch_size: int = 16
+    max_calib_batches: int | None = None
+    fold_constants: bool = True
+    fold_batchnorm: bool = True
+    device: str = "cpu"
+
+    @classmethod
+    def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
+        """Settings from keyword arguments; unknown keys raise ConfigError listing the valid ones."""
+        valid = {f.name for f in fields(cls)} - {"platform"}
+        unknown = sorted(set(settings) - valid)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) {unknown}; valid settings: {', '.join(sorted(valid))}")
+        kw = dict(settings)
+        for key in ("force_fp32", "overrides"):
+            if key in kw:
+                value = kw[key]
+                kw[key] = (value,) if isinstance(value, (str, OpSelector, Override)) else tuple(value or ())
+        s = cls(platform=get_platform(platform), **kw)
+        s.validate()
+        return s
+
+    def validate(self) -> None:
+        if not isinstance(self.batch_size, int) or self.batch_size < 1:
+            raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        if self.max_calib_batches is not None and self.max_calib_batches < 1:
+            raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
+        from netquant.passes.observers import observer_names
+
+        names = observer_names()
+        for what, name in (("activation_observer", self.activation_observer),
+                           ("weight_observer", self.weight_observer)):
+            if name is not None and name not in names:
+                raise ConfigError(f"{what} '{name}' is not a known observer; choose one of {', '.join(names)}")
+
+    def effective_platform(self) -> Platform:
+        """The platform with this run's observer / granularity choices applied."""
+        p = self.platform
+        changes: dict[str, Any] = {}
+        if self.activation_observer is not None:
+            changes["activation_observer"] = self.activation_observer
+        if self.weight_observer is not None:
+            changes["weight_observer"] = self.weight_observer
+        if self.observer_options:
+            merged = {k: dict(v) for k, v in p.observer_options.items()}
+            for k, v in self.observer_options.items():
+                merged.setdefault(k, {}).update(v)
+            changes["observer_options"] = merged
+        if self.per_channel is False and p.weight.granularity is not Granularity.PER_TENSOR:
+            changes["weight"] = p.weight.with_(granularity=Granularity.PER_TENSOR, axis=None, group_size=None)
+        elif self.per_channel is True and p.weight.granularity is Granularity.PER_TENSOR:
+            changes["weight"] = p.weight.with_(granularity=Granularity.PER_CHANNEL, axis=0)
+        return p.with_(**changes) if changes else p

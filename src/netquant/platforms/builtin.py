@@ -1,0 +1,255 @@
+"""The built-in platforms, each encoding what its engine really does.
+
+Sources of the rules: ONNX Runtime's QDQ selector/action transformer (which DQ -> op -> Q groups
+its CPU provider turns into integer kernels), TensorRT's Q/DQ placement guide, NNCF's OpenVINO
+presets, the TFLite int8 quantization spec, ncnn's int8 scheme, Qualcomm SNPE/QNN's 8-bit
+fixed-point scheme, PPQ's ACADEMIC platform.
+"""
+
+from __future__ import annotations
+
+from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy, ScaleConstraint
+from netquant.platforms.platform import (
+    COMPUTE_RULES,
+    ExportFormat,
+    OpRole,
+    OpRule,
+    OutputPolicy,
+    Platform,
+    int32_bias_spec,
+    standard_rule,
+)
+from netquant.platforms.registry import register_platform
+
+HALF_EVEN = RoundingPolicy.ROUND_HALF_EVEN
+
+
+def _rules(*rules: OpRule) -> dict[str, OpRule]:
+    return {r.op_type: r for r in rules}
+
+
+def _std(op_types: tuple[str, ...], **changes: object) -> list[OpRule]:
+    return [standard_rule(t).with_(**changes) for t in op_types]
+
+
+# ---- ONNX Runtime (CPU provider, QDQ format) ----------------------------------------------------
+# ORT's QDQSelectorActionTransformer fuses only these groups into integer kernels on CPU:
+#   DQ->Conv->Q            -> QLinearConv         (output Q required)
+#   DQ->MatMul(->Q)        -> QLinearMatMul / MatMulIntegerToFloat (float output when no Q)
+#   DQ->Gemm(->Q)          -> QGemm (float output when no Q)
+#   DQ->{Reshape, Transpose, Squeeze, Unsqueeze, Flatten, Gather, Slice, Expand, Tile, MaxPool,
+#        Resize}->Q        -> the op on integers (Q/DQ dropped; scales must match)
+#   DQ->{AveragePool, GlobalAveragePool, ...}->Q -> QLinear* contrib kernels
+#   Relu->Q / Clip->Q      -> Relu / Clip removed when Q's range already clamps (ReluQuantFusion)
+# Element-wise Add/Mul, Sigmoid, Softmax also have QLinear kernels, but putting 8-bit Q/DQ on
+# residual adds, decomposed LayerNorm and hard-swish loses the model, and every extra Q/DQ on a
+# tensor that no integer kernel consumes costs time: they stay float.
+_ORT_MOVE_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice",
+                 "Expand", "Tile", "MaxPool", "Resize")
+
+ONNXRUNTIME_INT8 = Platform(
+    name="onnxruntime_int8",
+    description="ONNX Runtime CPU, QDQ: uint8 affine activations, int8 symmetric per-channel weights; "
+                "only ops ORT runs as int8 kernels (Conv, MatMul/Gemm with weights, data movement and "
+                "average pooling between them)",
+    activation=QuantSpec.uint8_affine(),
+    weight=QuantSpec.int8_per_channel(axis=0),
+    bias=int32_bias_spec(),
+    rules=_rules(
+        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.ALWAYS),
+        COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_weight=True),
+        COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.WHEN_CONSUMED),
+        OpRule("Relu", OpRole.ACTIVATION),
+        OpRule("Clip", OpRole.ACTIVATION),
+        *_std(_ORT_MOVE_OPS, requires_quantized_input=True),
+        OpRule("AveragePool", OpRole.ARITHMETIC, requires_quantized_input=True),
+        OpRule("GlobalAveragePool", OpRole.ARITHMETIC, requires_quantized_input=True),
+        OpRule("Concat", OpRole.ARITHMETIC, None, requires_quantized_input=True),
+    ),
+    fusions=(("Conv", "Relu"), ("Conv", "Clip")),
+    activation_observer="percentile",
+    weight_observer="minmax",
+    export_format=ExportFormat.ONNX_QDQ,
+    min_opset=13,
+)
+
+
+# ---- TensorRT (explicit quantization, Q/DQ on inputs of quantizable layers) --------------------
+_TRT_ACT = QuantSpec.int8(narrow_range=True)
+TENSORRT_INT8 = Platform(
+    name="tensorrt_int8",
+    description="TensorRT explicit INT8: symmetric int8 (amax/127), per-channel weights, Q/DQ on the "
+                "inputs of layers TensorRT runs in int8 (conv, matmul, pooling, residual add)",
+    activation=_TRT_ACT,
+    weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
+    bias=None,  # TensorRT keeps bias in float and fuses it
+    rules=_rules(
+        *[r.with_(output=OutputPolicy.WHEN_CONSUMED) for r in COMPUTE_RULES.values()],
+        *_std(("MaxPool", "AveragePool", "GlobalAveragePool"), output=OutputPolicy.WHEN_CONSUMED),
+        OpRule("Add", OpRole.ARITHMETIC, (0, 1), output=OutputPolicy.WHEN_CONSUMED),
+        OpRule("Concat", OpRole.SHARED_SCALE, None, output=OutputPolicy.WHEN_CONSUMED),
+        *_std(("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize", "Slice"),
+              requires_quantized_input=True, output=OutputPolicy.WHEN_CONSUMED),
+    ),
+    fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu")),
+    activation_observer="kl",
+    weight_observer="minmax",
+)
+
+
+# ---- OpenVINO (NNCF "performance" preset: symmetric int8 everywhere) ---------------------------
+OPENVINO_INT8 = Platform(
+    name="openvino_int8",
+    description="OpenVINO CPU via NNCF performance preset: int8 symmetric per-tensor activations, "
+                "int8 symmetric per-channel weights (narrow range); FakeQuantize on inputs of "
+                "conv, matmul, element-wise and pooling ops",
+    activation=QuantSpec.int8(),
+    weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
+    bias=None,
+    rules=_rules(
+        *[r.with_(output=OutputPolicy.WHEN_CONSUMED) for r in COMPUTE_RULES.values()],
+        *_std(("Add", "Mul", "AveragePool", "GlobalAveragePool", "MaxPool", "ReduceMean"),
+              output=OutputPolicy.WHEN_CONSUMED),
+        OpRule("Concat", OpRole.SHARED_SCALE, None, output=OutputPolicy.WHEN_CONSUMED),
+        *_std(("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze"),
+              requires_quantized_input=True, output=OutputPolicy.WHEN_CONSUMED),
+    ),
+    fusions=(("Conv", "Relu"), ("Conv", "Clip")),
+    activation_observer="minmax",
+    weight_observer="minmax",
+)
+
+
+# ---- TFLite / LiteRT full-integer int8 ---------------------------------------------------------
+TFLITE_INT8 = Platform(
+    name="tflite_int8",
+    description="TFLite/LiteRT full-integer: int8 affine per-tensor activations, int8 symmetric "
+                "per-channel weights in [-127, 127], int32 bias; every tensor quantized, "
+                "Concat/pooling/reshape keep their input scale",
+    activation=QuantSpec(bits=8, signed=True, symmetric=False),
+    weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
+    bias=int32_bias_spec(),
+    rules=_rules(
+        *COMPUTE_RULES.values(),
+        *_std(("Add", "Sub", "Mul", "Sigmoid", "Tanh", "Softmax", "HardSwish", "LeakyRelu",
+               "GlobalAveragePool", "ReduceMean")),
+        *_std(("AveragePool", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
+               "Resize", "Slice", "Gather", "Pad", "Split", "DepthToSpace", "SpaceToDepth")),
+        OpRule("Concat", OpRole.SHARED_SCALE, None),
+        OpRule("Relu", OpRole.ACTIVATION),
+        OpRule("Clip", OpRole.ACTIVATION),
+    ),
+    fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu"), ("Add", "Relu")),
+    activation_observer="minmax",
+    weight_observer="minmax",
+)
+
+
+# ---- ncnn int8 ----------------------------------------------------------------------------------
+NCNN_INT8 = Platform(
+    name="ncnn_int8",
+    description="ncnn int8: symmetric int8 inputs of Convolution/InnerProduct (scale 127/amax, "
+                "KL calibration), per-output-channel weights, round half away from zero; outputs "
+                "dequantized to float, bias float",
+    activation=QuantSpec.int8(narrow_range=True, rounding=RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO),
+    weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True,
+                                      rounding=RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO),
+    bias=None,
+    rules=_rules(
+        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.WHEN_CONSUMED),
+        COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.WHEN_CONSUMED),
+        COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_weight=True),
+    ),
+    fusions=(),
+    activation_observer="kl",
+    weight_observer="minmax",
+)
+
+
+# ---- Qualcomm SNPE / QNN HTP (DSP) --------------------------------------------------------------
+QNN_DSP = Platform(
+    name="qnn_dsp",
+    description="Qualcomm SNPE/QNN DSP (HTP) 8-bit fixed point: uint8 affine per-tensor activations "
+                "and weights, int32 bias; every tensor quantized",
+    activation=QuantSpec.uint8_affine(),
+    weight=QuantSpec.uint8_affine(),
+    bias=int32_bias_spec(),
+    rules=TFLITE_INT8.rules,
+    fusions=TFLITE_INT8.fusions,
+    activation_observer="minmax",
+    weight_observer="minmax",
+)
+
+
+# ---- PPQ ACADEMIC: inputs of computing ops only --------------------------------------------------
+def _academic(bits: int) -> Platform:
+    act = QuantSpec(bits=bits, signed=False, symmetric=False)
+    wgt = QuantSpec(bits=bits, signed=True, symmetric=True)
+    return Platform(
+        name=f"academic_int{bits}",
+        description=f"PPQ ACADEMIC scheme, {bits}-bit: only inputs of computing ops (Conv, Gemm, MatMul) "
+                    f"quantized; uint{bits} affine per-tensor activations, int{bits} symmetric "
+                    f"per-tensor weights; outputs float",
+        activation=act,
+        weight=wgt,
+        bias=int32_bias_spec(),
+        rules=_rules(*[r.with_(output=OutputPolicy.NEVER) for r in COMPUTE_RULES.values()]),
+        fusions=(),
+        activation_observer="minmax",
+        weight_observer="minmax",
+        min_opset=21 if bits == 4 else 13,
+    )
+
+
+ACADEMIC_INT8 = _academic(8)
+ACADEMIC_INT4 = _academic(4)
+
+
+# ---- power-of-two scales (NXP / FPGA style) -------------------------------------------------------
+_POW2 = ScaleConstraint.POWER_OF_TWO
+POW2_INT8 = Platform(
+    name="pow2_int8",
+    description="Power-of-two scales (NXP/FPGA): int8 symmetric, activations per-tensor, weights "
+                "per-channel, scale = 2^k, round half up; every tensor quantized",
+    activation=QuantSpec.int8(scale_constraint=_POW2, rounding=RoundingPolicy.ROUND_HALF_UP),
+    weight=QuantSpec.int8_per_channel(axis=0, scale_constraint=_POW2, rounding=RoundingPolicy.ROUND_HALF_UP),
+    bias=int32_bias_spec(RoundingPolicy.ROUND_HALF_UP),
+    rules=_rules(
+        *COMPUTE_RULES.values(),
+        *_std(("Add", "Mul", "Sigmoid", "AveragePool", "GlobalAveragePool")),
+        *_std(("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Resize")),
+        OpRule("Concat", OpRole.SHARED_SCALE, None),
+        OpRule("Relu", OpRole.ACTIVATION),
+        OpRule("Clip", OpRole.ACTIVATION),
+    ),
+    fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu")),
+    activation_observer="minmax",
+    weight_observer="minmax",
+)
+
+
+# ---- FP8 E4M3 -------------------------------------------------------------------------------------
+FP8_E4M3 = Platform(
+    name="fp8_e4m3",
+    description="FP8 E4M3 (scaled, saturating): per-tensor activations, per-channel weights on "
+                "Conv/Gemm/MatMul inputs; outputs and bias float",
+    activation=QuantSpec.fp8_e4m3(),
+    weight=QuantSpec.fp8_e4m3(granularity=Granularity.PER_CHANNEL, axis=0),
+    bias=None,
+    rules=_rules(*[r.with_(output=OutputPolicy.WHEN_CONSUMED) for r in COMPUTE_RULES.values()]),
+    fusions=(),
+    activation_observer="minmax",
+    weight_observer="minmax",
+    export_format=ExportFormat.ONNX_QDQ_FP8,
+    min_opset=19,
+)
+
+BUILTIN_PLATFORMS: tuple[Platform, ...] = (
+    ONNXRUNTIME_INT8, TENSORRT_INT8, OPENVINO_INT8, TFLITE_INT8, NCNN_INT8, QNN_DSP,
+    ACADEMIC_INT8, ACADEMIC_INT4, POW2_INT8, FP8_E4M3,
+)
+
+
+def register_builtin_platforms() -> None:
+    for p in BUILTIN_PLATFORMS:
+        register_platform(p, overwrite=True)

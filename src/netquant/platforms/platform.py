@@ -1,0 +1,250 @@
+"""A target platform is data plus rules: which ops are quantized, with which specs, how.
+
+A `Platform` says, per op type, what role the op plays (`OpRole`), which of its inputs are
+activations, weights (with the per-channel axis) and bias, and whether its output gets its own
+quantizer.  The quantizer (netquant.passes.quantizer) turns these rules into one
+`TensorQuantConfig` per input and output of every op.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
+
+from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
+from netquant.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from netquant.graph import Graph, Node
+    from netquant.passes.quant_graph import OpQuantConfig
+
+
+class OpRole(enum.Enum):
+    """What an op does to quantized data."""
+
+    COMPUTE = "compute"  # has weights (Conv, Gemm, MatMul): quantized inputs, weights, bias
+    ARITHMETIC = "arithmetic"  # computes new values (Add, Sigmoid, AveragePool): own output scale
+    PASS_THROUGH = "pass_through"  # moves / selects values (Reshape, MaxPool): output shares the input scale
+    SHARED_SCALE = "shared_scale"  # inputs and output share one scale (Concat on most engines)
+    ACTIVATION = "activation"  # clamps (Relu, Clip): quantized only when fused after a compute op
+
+
+class OutputPolicy(enum.Enum):
+    """When a quantized op's output gets its own quantizer."""
+
+    ALWAYS = "always"  # the engine's kernel writes integers (QLinearConv)
+    WHEN_CONSUMED = "when_consumed"  # only if a consumer quantizes that tensor (else float output)
+    NEVER = "never"  # output stays float (weight-only / input-only schemes)
+
+
+class ExportFormat(enum.Enum):
+    """How netquant.export writes the model for this platform."""
+
+    ONNX_QDQ = "onnx_qdq"  # QuantizeLinear / DequantizeLinear pairs (ONNX Runtime, TensorRT, OpenVINO)
+    ONNX_QDQ_FP8 = "onnx_qdq_fp8"  # QDQ with float8e4m3fn (opset 19+)
+
+
+# weight axis: an int (may be negative: counted from the weight's last dim) or a function of the node
+AxisRule = int | Callable[["Node"], int]
+
+
+@dataclass(frozen=True)
+class OpRule:
+    """How one op type is quantized on a platform.
+
+    activation_inputs: indices of inputs quantized as activations (None = all inputs).
+    weight_input / weight_axis: the input holding weights and its per-channel axis.
+    bias_input: the input holding a bias (int32, scale = input scale x weight scale).
+    requires_quantized_input: quantize only when every activation input is already quantized
+        upstream (the engine then runs the op on integers without an extra Quantize).
+    requires_weight: quantize only when weight_input is a constant (MatMul with a weight matrix).
+    """
+
+    op_type: str
+    role: OpRole
+    activation_inputs: tuple[int, ...] | None = (0,)
+    weight_input: int | None = None
+    weight_axis: AxisRule = 0
+    bias_input: int | None = None
+    output: OutputPolicy = OutputPolicy.ALWAYS
+    requires_quantized_input: bool = False
+    requires_weight: bool = False
+
+    def with_(self, **changes: Any) -> OpRule:
+        return replace(self, **changes)
+
+    def axis_for(self, node: Node, weight_rank: int) -> int:
+        """The non-negative per-channel axis of this op's weight."""
+        axis = self.weight_axis(node) if callable(self.weight_axis) else self.weight_axis
+        return axis + weight_rank if axis < 0 else axis
+
+
+# ---- standard op semantics, shared by the built-in platforms -----------------------------------
+
+def _gemm_axis(node: Node) -> int:
+    """Gemm B is (K, N) -> output channels on axis 1; with transB=1 it is (N, K) -> axis 0."""
+    return 0 if int(node.attrs.get("transB", 0)) else 1
+
+
+COMPUTE_RULES: dict[str, OpRule] = {
+    "Conv": OpRule("Conv", OpRole.COMPUTE, (0,), weight_input=1, weight_axis=0, bias_input=2),
+    "ConvTranspose": OpRule("ConvTranspose", OpRole.COMPUTE, (0,), weight_input=1, weight_axis=1,
+                            bias_input=2),
+    "Gemm": OpRule("Gemm", OpRole.COMPUTE, (0,), weight_input=1, weight_axis=_gemm_axis, bias_input=2),
+    "MatMul": OpRule("MatMul", OpRole.COMPUTE, (0, 1), weight_input=1, weight_axis=-1),
+}
+
+ARITHMETIC_OPS = ("Add", "Sub", "Mul", "Sigmoid", "Tanh", "HardSigmoid", "HardSwish", "LeakyRelu",
+                  "Softmax", "AveragePool", "GlobalAveragePool", "ReduceMean", "Gelu", "Erf", "PRelu")
+PASS_THROUGH_OPS = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "MaxPool",
+                    "GlobalMaxPool", "Slice", "Gather", "Expand", "Tile", "Resize", "Pad",
+                    "DepthToSpace", "SpaceToDepth", "Identity", "Split")
+SHARED_SCALE_OPS = ("Concat",)
+ACTIVATION_OPS = ("Relu", "Clip")
+# binary element-wise ops quantize both inputs
+_TWO_INPUT_OPS = ("Add", "Sub", "Mul", "PRelu")
+
+
+def standard_rule(op_type: str) -> OpRule:
+    """The usual rule for op_type (raises ConfigError for op types without a known meaning)."""
+    if op_type in COMPUTE_RULES:
+        return COMPUTE_RULES[op_type]
+    if op_type in ARITHMETIC_OPS:
+        inputs = (0, 1) if op_type in _TWO_INPUT_OPS else (0,)
+        return OpRule(op_type, OpRole.ARITHMETIC, inputs)
+    if op_type in PASS_THROUGH_OPS:
+        return OpRule(op_type, OpRole.PASS_THROUGH, (0,))
+    if op_type in SHARED_SCALE_OPS:
+        return OpRule(op_type, OpRole.SHARED_SCALE, None)
+    if op_type in ACTIVATION_OPS:
+        return OpRule(op_type, OpRole.ACTIVATION, (0,))
+    raise ConfigError(
+        f"no standard quantization rule for op type '{op_type}'; pass an OpRule(op_type, role, ...) "
+        f"in Platform.create(rules=[...]) instead. Known op types: "
+        f"{', '.join(sorted(known_op_types()))}")
+
+
+def known_op_types() -> list[str]:
+    return sorted({*COMPUTE_RULES, *ARITHMETIC_OPS, *PASS_THROUGH_OPS, *SHARED_SCALE_OPS, *ACTIVATION_OPS})
+
+
+# hook: adjust the configs of one op after the quantizer built them (e.g. force a bit width)
+OpHook = Callable[["OpQuantConfig", "Graph"], None]
+
+
+@dataclass(frozen=True)
+class Platform:
+    """A target engine's quantization scheme.
+
+    activation / weight / bias: the specs; the weight spec's axis is replaced per op by the rule's
+        weight_axis when it is per-channel.  bias=None leaves biases in float.
+    rules: op type -> OpRule for every op type this platform quantizes.
+    fusions: op-type chains the engine fuses into one kernel; intermediate tensors are not
+        quantized (their configs become OVERLAPPED by the chain's last output).
+    activation_observer / weight_observer: names in netquant.calib's observer registry.
+    op_hook: optional function(op_config, graph) adjusting one op's configs.
+    """
+
+    name: str
+    activation: QuantSpec
+    weight: QuantSpec
+    bias: QuantSpec | None = None
+    rules: Mapping[str, OpRule] = field(default_factory=dict)
+    fusions: tuple[tuple[str, ...], ...] = ()
+    activation_observer: str = "minmax"
+    weight_observer: str = "minmax"
+    observer_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    export_format: ExportFormat = ExportFormat.ONNX_QDQ
+    min_opset: int = 13
+    description: str = ""
+    op_hook: OpHook | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise ConfigError("a platform needs a non-empty name")
+        for key, rule in self.rules.items():
+            if key != rule.op_type:
+                raise ConfigError(f"platform '{self.name}': rule for '{key}' describes op type "
+                                  f"'{rule.op_type}'")
+        if self.weight.granularity is Granularity.PER_GROUP and self.weight.group_size is None:
+            raise ConfigError(f"platform '{self.name}': per-group weight spec needs group_size")
+
+    # ---- building ------------------------------------------------------------------------
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        quantizable: Iterable[str] = ("Conv", "Gemm", "MatMul"),
+        *,
+        activation: QuantSpec | None = None,
+        weight: QuantSpec | None = None,
+        bias: QuantSpec | None | bool = True,
+        rounding: RoundingPolicy | None = None,
+        rules: Iterable[OpRule] = (),
+        fusions: Iterable[Iterable[str]] = (("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu")),
+        activation_observer: str = "minmax",
+        weight_observer: str = "minmax",
+        op_hook: OpHook | None = None,
+        description: str = "",
+        **kw: Any,
+    ) -> Platform:
+        """A platform from a list of op types (standard rules) plus explicit rules.
+
+        Defaults: int8 symmetric activations, int8 symmetric per-channel weights, int32 bias;
+        `rounding` is applied to every spec.
+        """
+        table: dict[str, OpRule] = {t: standard_rule(t) for t in quantizable}
+        for r in rules:
+            table[r.op_type] = r
+        act = activation or QuantSpec.int8()
+        wgt = weight or QuantSpec.int8_per_channel(axis=0)
+        bias_spec = int32_bias_spec() if bias is True else (None if bias is False else bias)
+        if rounding is not None:
+            act, wgt = act.with_(rounding=rounding), wgt.with_(rounding=rounding)
+            bias_spec = bias_spec.with_(rounding=rounding) if bias_spec is not None else None
+        return cls(name=name, activation=act, weight=wgt, bias=bias_spec, rules=table,
+                   fusions=tuple(tuple(f) for f in fusions), activation_observer=activation_observer,
+                   weight_observer=weight_observer, op_hook=op_hook, description=description, **kw)
+
+    def with_(self, **changes: Any) -> Platform:
+        """A copy with some fields changed."""
+        return replace(self, **changes)
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def quantizable_op_types(self) -> list[str]:
+        return sorted(self.rules)
+
+    @property
+    def rounding(self) -> RoundingPolicy:
+        return self.activation.rounding
+
+    def rule(self, op_type: str) -> OpRule | None:
+        return self.rules.get(op_type)
+
+    def weight_spec_for(self, node: Node, rule: OpRule, weight_rank: int) -> QuantSpec:
+        """The weight spec with this op's per-channel axis (per-tensor for rank-0/1 weights)."""
+        spec = self.weight
+        if spec.granularity is Granularity.PER_TENSOR:
+            return spec
+        if weight_rank < 2:
+            return spec.with_(granularity=Granularity.PER_TENSOR, axis=None, group_size=None)
+        axis = rule.axis_for(node, weight_rank)
+        if spec.granularity is Granularity.PER_GROUP:
+            # groups run along the reduction dim; the other dim keeps its own scales
+            in_axis = 1 - axis if weight_rank == 2 else axis
+            return spec.with_(axis=in_axis)
+        return spec.with_(axis=axis)
+
+    def scheme(self) -> str:
+        """One line describing the scheme (for `netquant platforms`)."""
+        bias = self.bias.describe() if self.bias is not None else "float"
+        return (f"act {self.activation.describe()} [{self.activation_observer}]; "
+                f"weight {self.weight.describe()} [{self.weight_observer}]; bias {bias}")
+
+
+def int32_bias_spec(rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN) -> QuantSpec:
+    """Bias: int32 symmetric, scale = input scale x weight scale (set by the bias pass)."""
+    return QuantSpec(bits=32, signed=True, symmetric=True, rounding=rounding)
