@@ -22,3 +22,15 @@ __all__ = [
     "UnsupportedOpError",
     "__version__",
 ]
+
+
+_API_NAMES = ("quantize_onnx", "quantize_torch", "QuantizedModel")
+
+
+def __getattr__(name: str) -> object:
+    """Lazy access to the PTQ API (netquant.quantize_onnx, ...) without importing it at package import."""
+    if name in _API_NAMES:
+        from netquant import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'netquant' has no attribute '{name}'")
