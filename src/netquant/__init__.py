@@ -1,5 +1,7 @@
 """netquant: quantize neural networks for real inference engines."""
 
+from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.core.qtensor import QTensor
 from netquant.errors import (
     CalibrationError,
     ConfigError,
@@ -19,6 +21,9 @@ __all__ = [
     "ExportError",
     "ModelError",
     "NetquantError",
+    "QTensor",
+    "QuantState",
+    "TensorQuantConfig",
     "UnsupportedOpError",
     "__version__",
 ]
