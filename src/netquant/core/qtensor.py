@@ -115,7 +115,7 @@ class QTensor:
         zero_point = torch.as_tensor(zero_point, device=device).detach()
         if zero_point.is_floating_point() and not torch.equal(zero_point, zero_point.round()):
             raise DataError(f"QTensor zero_point must hold integers, got {zero_point.tolist()}")
-        zero_point = zero_point.to(torch.int32)
+        zero_point = zero_point.to(torch.int64)
         want = () if self._axis is None else (shape[self._axis],)
         if scale.shape == (1,) and want == ():
             scale, zero_point = scale.reshape(()), zero_point.reshape(())
@@ -131,7 +131,7 @@ class QTensor:
         qmin, qmax = self.qrange
         if zero_point.numel() and not (qmin <= int(zero_point.min()) and int(zero_point.max()) <= qmax):
             raise DataError(f"QTensor zero_point {zero_point.tolist()} lies outside the integer range [{qmin}, {qmax}]")
-        return scale, zero_point
+        return scale, zero_point.to(torch.int32)
 
     def _checked_storage(self, data: torch.Tensor) -> torch.Tensor:
         storage = self.dtype
@@ -153,7 +153,7 @@ class QTensor:
     # ---- construction -------------------------------------------------------------
     @classmethod
     def quantize(cls, x: torch.Tensor, spec: QuantSpec, params: QParams | None = None) -> QTensor:
-        """Quantize float `x` with `spec`: q = clamp(round(x / s) + z, qmin, qmax).
+        """Quantize float `x` with `spec`: q = clamp(round(x * (1/s)) + z, qmin, qmax) (FP8: cast(x / s)).
 
         Without `params`, they are chosen from x's min / max (per channel along spec.axis) with
         choose_qparams. NaN in x raises DataError; +-Inf saturates to qmax / qmin when params are given.
@@ -161,8 +161,8 @@ class QTensor:
         x = _float_input(x, "QTensor.quantize")
         if params is None:
             if spec.granularity is Granularity.PER_CHANNEL:
-                if x.dim() == 0:
-                    raise DataError("cannot quantize a 0-d tensor per channel")
+                if not -x.dim() <= spec.axis < x.dim():
+                    raise ConfigError(f"per-channel axis {spec.axis} is out of range for a {x.dim()}-d tensor")
                 axis = spec.axis % x.dim()
                 dims = [d for d in range(x.dim()) if d != axis]
                 flat = x.permute(axis, *dims).reshape(x.shape[axis], -1)
