@@ -189,26 +189,53 @@ def _check_input(x: torch.Tensor, fn: str) -> None:
 # ---------------------------------------------------------------------------------------------
 # forward kernels (float32 in, float32 out; params already expanded)
 # ---------------------------------------------------------------------------------------------
-def _quant_int(x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, spec: QuantSpec,
+_EXACT_INT = 2**24  # integers up to here are exact in float32
+
+
+def _is_wide(spec: QuantSpec) -> bool:
+    """Ranges beyond float32's exact integers (int32 bias) clamp in float64."""
+    return spec.qmax > _EXACT_INT or spec.qmin < -_EXACT_INT
+
+
+def _int_codes(x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, spec: QuantSpec,
                want_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q = clamp(round(x * (1/s)) + z, qmin, qmax) as float32 (NaN -> qmin), and the in-range mask."""
+    """(q, mask): q = clamp(round(x * (1/s)) + z, qmin, qmax) as float (NaN -> qmin, +-Inf saturate)
+    and mask = qmin <= round(x * (1/s)) + z <= qmax.
+
+    One fresh float buffer (plus one bool buffer for the mask); every other step is in place,
+    because on CPU the cost of fresh pages dominates these memory-bound loops.
+    """
     t = torch.mul(x, torch.reciprocal(s))
     t = round_with_policy_(t, spec.rounding)
+    if _is_wide(spec):
+        t = t.to(torch.float64)
     if z is not None:
         t.add_(z)
-    mask = t.ge(spec.qmin).logical_and_(t.le(spec.qmax)) if want_mask else None
-    qmin = torch.tensor(float(spec.qmin), dtype=t.dtype, device=t.device)
-    t = torch.fmax(t, qmin, out=t)  # fmax maps NaN -> qmin
-    t.clamp_max_(spec.qmax)
+    qmin, qmax = float(spec.qmin), float(spec.qmax)
+    mask = None
+    if want_mask:
+        mask = t.ge(qmin)
+        mask &= t.le(qmax)
+    t.nan_to_num_(nan=qmin)
+    t.clamp_(qmin, qmax)
     return t, mask
+
+
+def _quant_int(x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, spec: QuantSpec) -> torch.Tensor:
+    """q = clamp(round(x * (1/s)) + z, qmin, qmax) in spec.storage_dtype."""
+    q, _ = _int_codes(x, s, z, spec, False)
+    return q.to(spec.storage_dtype)
 
 
 def _fake_int(x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, spec: QuantSpec,
               want_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    q, mask = _quant_int(x, s, z, spec, want_mask)
+    """x' = (q - z) * s in float32, and the STE_CLIP mask."""
+    t, mask = _int_codes(x, s, z, spec, want_mask)
     if z is not None:
-        q.sub_(z)
-    return q.mul_(s), mask
+        t.sub_(z)
+    if t.dtype != torch.float32:
+        t = t.to(torch.float32)
+    return t.mul_(s), mask
 
 
 def _scaled_fp8(x: torch.Tensor, s: torch.Tensor, spec: QuantSpec,
@@ -370,8 +397,7 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Ten
         return t.to(spec.storage_dtype)
     zf = _int_zero_point(zero_point, spec)
     z = _expand(zf, x32, spec, "zero_point") if bool((zf != 0).any()) else None
-    q, _ = _quant_int(x32, s, z, spec, False)
-    return q.to(spec.storage_dtype)
+    return _quant_int(x32, s, z, spec)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int | None,
@@ -384,5 +410,8 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.T
     s = _expand(scale.to(torch.float32), q, spec, "scale")
     if spec.is_float:
         return q.to(torch.float32) * s
+    if _is_wide(spec):  # exact integer difference, then one rounding to float32 (as torch's int32 path)
+        z64 = _expand(zero_point.detach().to(torch.float64), q, spec, "zero_point")
+        return (q.to(torch.float64) - z64).to(torch.float32) * s
     z = _expand(zero_point.to(torch.float32), q, spec, "zero_point")
     return (q.to(torch.float32) - z) * s
