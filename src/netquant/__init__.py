@@ -1,7 +1,11 @@
 """netquant: quantize neural networks for real inference engines."""
 
 from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.core.nvidia import fake_tensor_quant, tensor_quant
+from netquant.core.ops import GradMode, dequantize, fake_quantize, quantize
+from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.qtensor import QTensor
+from netquant.core.spec import Granularity, QuantFormat, QuantSpec, RoundingPolicy, ScaleConstraint
 from netquant.errors import (
     CalibrationError,
     ConfigError,
@@ -19,13 +23,26 @@ __all__ = [
     "ConfigError",
     "DataError",
     "ExportError",
+    "GradMode",
+    "Granularity",
     "ModelError",
     "NetquantError",
+    "QParams",
     "QTensor",
+    "QuantFormat",
+    "QuantSpec",
     "QuantState",
+    "RoundingPolicy",
+    "ScaleConstraint",
     "TensorQuantConfig",
     "UnsupportedOpError",
     "__version__",
+    "choose_qparams",
+    "dequantize",
+    "fake_quantize",
+    "fake_tensor_quant",
+    "quantize",
+    "tensor_quant",
 ]
 
 
