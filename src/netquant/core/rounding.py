@@ -15,8 +15,9 @@ Non-ties round to the nearest integer for all policies except ROUND_UP (ceil).
 ROUND_TO_NEAR_INT follows PPQ's definition (``ppq_numerical_round`` and its CUDA kernel, where it
 falls back to C ``round``), so it equals ROUND_HALF_FAR_FROM_ZERO.
 
-The implementations avoid ``floor(x + 0.5)``, which is wrong for 0.49999997 (the sum rounds up to 1.0)
-and for odd integers >= 2^23; the fractional part ``x - floor(x)`` is exact in floating point.
+The implementations avoid ``floor(x + 0.5)``, which is wrong for 0.49999997 and 1.4999999 (the sum
+rounds up to the next integer) and for odd integers >= 2^23; they decide on the fractional part
+``x - trunc(x)``, which is exact in floating point (``x - floor(x)`` is not for small negative x).
 """
 
 from __future__ import annotations
@@ -26,28 +27,24 @@ import torch
 from netquant.core.spec import RoundingPolicy
 from netquant.errors import ConfigError
 
-
-def _half_up_(x: torch.Tensor) -> torch.Tensor:
-    """floor(x) + (frac(x) >= 0.5), in place."""
-    f = torch.floor(x)
-    x.sub_(f)  # exact fractional part in [0, 1)
-    return f.add_(x.ge(0.5))
-
-
-def _half_down_(x: torch.Tensor) -> torch.Tensor:
-    """ceil(x) - (ceil(x) - x >= 0.5)  ==  floor(x) + (frac(x) > 0.5), in place."""
-    f = torch.floor(x)
-    x.sub_(f)
-    return f.add_(x.gt(0.5))
+# For each policy, the fractional part d = x - trunc(x) (exact in floating point, sign of x) decides:
+# round away from zero when d >= hi_pos (x > 0) or d <= lo_neg (x < 0); `True` bounds include the tie.
+_TIE_AWAY = {  # (tie goes up for positive x, tie goes down for negative x)
+    RoundingPolicy.ROUND_HALF_UP: (True, False),
+    RoundingPolicy.ROUND_HALF_DOWN: (False, True),
+    RoundingPolicy.ROUND_HALF_TOWARDS_ZERO: (False, False),
+    RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO: (True, True),
+    RoundingPolicy.ROUND_TO_NEAR_INT: (True, True),
+}
 
 
-def _half_abs_(x: torch.Tensor, away: bool) -> torch.Tensor:
-    """sign(x) * (floor(|x|) + (frac(|x|) >= 0.5 if away else > 0.5))."""
-    a = torch.abs(x)
-    f = torch.floor(a)
-    a.sub_(f)
-    f.add_(a.ge(0.5) if away else a.gt(0.5))
-    return f.copysign_(x)
+def _round_ties_(x: torch.Tensor, pos_tie_up: bool, neg_tie_down: bool) -> torch.Tensor:
+    """trunc(x) + [d > .5 or (d == .5 and pos_tie_up)] - [d < -.5 or (d == -.5 and neg_tie_down)]."""
+    t = torch.trunc(x)
+    d = x.sub_(t)  # exact fractional part (NaN for +-Inf, which then compares False)
+    t.add_(d.ge(0.5) if pos_tie_up else d.gt(0.5))
+    t.add_(d.le(-0.5) if neg_tie_down else d.lt(-0.5), alpha=-1)
+    return t
 
 
 def round_with_policy_(x: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
@@ -59,17 +56,10 @@ def round_with_policy_(x: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
         return x.round_()
     if policy is RoundingPolicy.ROUND_UP:
         return x.ceil_()
-    if policy is RoundingPolicy.ROUND_HALF_UP:
-        out = _half_up_(x)
-    elif policy is RoundingPolicy.ROUND_HALF_DOWN:
-        out = _half_down_(x)
-    elif policy is RoundingPolicy.ROUND_HALF_TOWARDS_ZERO:
-        out = _half_abs_(x, away=False)
-    elif policy in (RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO, RoundingPolicy.ROUND_TO_NEAR_INT):
-        out = _half_abs_(x, away=True)
-    else:  # pragma: no cover - enum is closed
+    ties = _TIE_AWAY.get(policy)
+    if ties is None:  # pragma: no cover - enum is closed
         raise ConfigError(f"unknown rounding policy {policy!r}; use a netquant.RoundingPolicy member")
-    return out
+    return _round_ties_(x, *ties)
 
 
 def round_with_policy(x: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:

@@ -88,6 +88,10 @@ class QuantSpec:
                 raise bad(f"{self.fmt.value} is a signed symmetric format; set symmetric=True, signed=True")
             if self.quant_min is not None or self.quant_max is not None:
                 raise bad("quant_min/quant_max do not apply to FP8 formats")
+            if self.rounding is not RoundingPolicy.ROUND_HALF_EVEN:
+                raise bad("FP8 casts round half to even; set rounding=RoundingPolicy.ROUND_HALF_EVEN")
+            if self.narrow_range:
+                raise bad("narrow_range applies to integer formats only")
         elif not (2 <= self.bits <= 16 or self.bits == 32):
             raise bad("bits must be between 2 and 16 (or 32 for int32 bias)")
         if (self.quant_min is None) != (self.quant_max is None):
