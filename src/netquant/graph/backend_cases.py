@@ -13,7 +13,7 @@ import re
 import warnings
 from collections import Counter
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 import numpy as np
@@ -32,7 +32,7 @@ SKIP_REASONS: dict[str, str] = {
 STRING_REASON = "string tensors (torch has no string dtype)"
 
 
-class Status(str, Enum):
+class Status(StrEnum):
     PASSED = "passed"
     FAILED = "failed"
     SKIPPED = "skipped"
