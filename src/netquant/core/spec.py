@@ -145,11 +145,13 @@ class QuantSpec:
 
     @property
     def storage_dtype(self) -> torch.dtype:
-        """Smallest torch dtype that holds [qmin, qmax] (or the FP8 dtype)."""
+        """Smallest torch dtype that holds [qmin, qmax]: uint8 for non-negative ranges that fit, else
+        int8/int16/int32 (or the FP8 dtype)."""
         if self.is_float:
             return FP8_DTYPE[self.fmt]
         lo, hi = self.qmin, self.qmax
-        for dtype in (torch.int8, torch.uint8, torch.int16, torch.int32):
+        order = (torch.int8, torch.int16, torch.int32) if lo < 0 else (torch.uint8, torch.int16, torch.int32)
+        for dtype in order:
             info = torch.iinfo(dtype)
             if info.min <= lo and hi <= info.max:
                 return dtype
