@@ -1,0 +1,134 @@
+"""The ``netquant::qdq`` custom op: what a quantizer looks like while being exported to ONNX.
+
+    y = DequantizeLinear(QuantizeLinear(x, s, z, axis, block_size), s, z, axis, block_size)
+
+Eager semantics (ONNX): y = (clamp(round_half_even(x / s) + z, qmin, qmax) - z) * s for integer
+targets; y = cast_fp8(clamp(x / s, -fmax, fmax)) * s for FP8 targets.  The ONNX translation is
+installed by ``netquant.nn.export`` through ``custom_translation_table``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+from onnx import TensorProto
+
+from netquant.core.spec import FP8_MAX, Granularity, QuantFormat, QuantSpec
+from netquant.errors import ExportError
+
+if TYPE_CHECKING:
+    from netquant.nn.quantizer import TensorQuantizer
+
+# ONNX element type -> (qmin, qmax) of the container QuantizeLinear saturates to.
+_INT_CONTAINERS = {
+    TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255), TensorProto.INT16: (-32768, 32767),
+    TensorProto.UINT16: (0, 65535), TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15),
+}
+_FP8_TYPES = {TensorProto.FLOAT8E4M3FN: QuantFormat.FP8_E4M3, TensorProto.FLOAT8E5M2: QuantFormat.FP8_E5M2}
+_FP8_TORCH = {TensorProto.FLOAT8E4M3FN: torch.float8_e4m3fn, TensorProto.FLOAT8E5M2: torch.float8_e5m2}
+
+
+def _broadcast(param: torch.Tensor, x: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:
+    if param.dim() == 0:
+        return param
+    if block_size > 0:
+        param = param.repeat_interleave(block_size, dim=axis).narrow(axis, 0, x.shape[axis])
+        return param
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return param.reshape(shape)
+
+
+@torch.library.custom_op("netquant::qdq", mutates_args=())
+def qdq(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, block_size: int,
+        onnx_type: int) -> torch.Tensor:
+    """ONNX QuantizeLinear followed by DequantizeLinear (see module docstring)."""
+    s = _broadcast(scale.float(), x, axis, block_size)
+    if onnx_type in _FP8_TYPES:
+        fmax = FP8_MAX[_FP8_TYPES[onnx_type]]
+        return (x / s).clamp(-fmax, fmax).to(_FP8_TORCH[onnx_type]).float() * s
+    qmin, qmax = _INT_CONTAINERS[onnx_type]
+    z = _broadcast(zero_point.float(), x, axis, block_size)
+    return (torch.clamp(torch.round(x / s) + z, qmin, qmax) - z) * s
+
+
+@qdq.register_fake
+def _qdq_fake(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, block_size: int,
+              onnx_type: int) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+def onnx_target(spec: QuantSpec, opset: int, where: str) -> tuple[int, bool]:
+    """(ONNX element type of the Q output, whether [qmin, qmax] needs an extra clamp)."""
+    if spec.fmt is QuantFormat.FP8_E4M3 or spec.fmt is QuantFormat.FP8_E5M2:
+        if opset < 19:
+            raise ExportError(f"{where}: FP8 Q/DQ needs opset >= 19, asked for {opset}")
+        return (TensorProto.FLOAT8E4M3FN if spec.fmt is QuantFormat.FP8_E4M3 else TensorProto.FLOAT8E5M2), False
+    if spec.granularity is Granularity.PER_GROUP and opset < 21:
+        raise ExportError(f"{where}: per-group (blocked) Q/DQ needs opset >= 21, asked for {opset}")
+    lo, hi = spec.qmin, spec.qmax
+    candidates = [TensorProto.INT8, TensorProto.UINT8]
+    if opset >= 21:
+        candidates = [TensorProto.INT4, TensorProto.UINT4] + candidates + [TensorProto.INT16, TensorProto.UINT16]
+    for onnx_type in candidates:
+        cmin, cmax = _INT_CONTAINERS[onnx_type]
+        if cmin <= lo and hi <= cmax:
+            return onnx_type, (lo, hi) != (cmin, cmax)
+    raise ExportError(f"{where}: integer range [{lo}, {hi}] ({spec.describe()}) has no ONNX Q/DQ type at opset "
+                      f"{opset}; use opset >= 21 or at most 8 bits")
+
+
+@dataclass
+class ExportPlan:
+    """Everything a quantizer needs while traced for export, fixed beforehand (no buffer reads)."""
+
+    scale: torch.Tensor
+    zero_point: torch.Tensor
+    axis: int
+    block_size: int
+    onnx_type: int
+    clamp: tuple[torch.Tensor, torch.Tensor] | None
+    weight: torch.Tensor | None  # weights: the already fake-quantized tensor, fed to Q/DQ as-is
+
+
+def make_export_plan(quantizer: TensorQuantizer, opset: int, ndim: int | None,
+                     weight: torch.Tensor | None = None) -> ExportPlan:
+    """The plan for one calibrated quantizer (``ndim``: rank of the tensor it sees, if known)."""
+    spec = quantizer.spec
+    assert spec is not None
+    where = f"quantizer '{quantizer.name}'"
+    if quantizer.dynamic:
+        raise ExportError(f"{where} quantizes dynamically (per batch); QDQ export needs static params")
+    if not quantizer.is_calibrated:
+        raise ExportError(f"{where} is not calibrated")
+    onnx_type, needs_clamp = onnx_target(spec, opset, where)
+    params = quantizer.params
+    axis = spec.axis if spec.axis is not None else 1
+    if axis < 0:
+        if ndim is None:
+            raise ExportError(f"{where}: negative axis {axis} needs a known tensor rank at export")
+        axis += ndim
+    block = spec.group_size if spec.granularity is Granularity.PER_GROUP and spec.group_size else 0
+    clamp = None
+    if needs_clamp and weight is None:
+        if spec.granularity is not Granularity.PER_TENSOR:
+            raise ExportError(f"{where}: a {spec.bits}-bit per-channel/per-group activation range needs an "
+                              "exact ONNX Q/DQ type; use opset >= 21 or 8/16/4-bit specs")
+        z = params.zero_point.float()
+        clamp = ((spec.qmin - z) * params.scale, (spec.qmax - z) * params.scale)
+    return ExportPlan(params.scale.clone(), params.zero_point.clone(), axis, block, onnx_type, clamp,
+                      None if weight is None else weight.detach().clone())
+
+
+def export_qdq(quantizer: TensorQuantizer, x: torch.Tensor) -> torch.Tensor:
+    """Forward of ``quantizer`` while exporting: an (optional clamp and) netquant::qdq call."""
+    plan: ExportPlan | None = getattr(quantizer, "_export_plan", None)
+    if plan is None:
+        raise ExportError(f"quantizer '{quantizer.name}' was reached during export without an export plan")
+    if plan.weight is not None:
+        x = plan.weight
+    if plan.clamp is not None:
+        x = torch.clamp(x, plan.clamp[0], plan.clamp[1])
+    return torch.ops.netquant.qdq(x, plan.scale, plan.zero_point, plan.axis, plan.block_size, plan.onnx_type)

@@ -1,0 +1,71 @@
+"""The calibration workflow.
+
+    with calibrate(model, observer="percentile"):
+        for batch in batches:
+            model(batch)
+
+Inside, every enabled activation quantizer observes what flows through it and returns it
+unchanged (the model computes in FP32).  On exit, weight quantizers take params from the weights
+themselves (per channel / group) and activation quantizers from their observers; quantizers that
+saw no data raise a CalibrationError naming them.  On an exception the previous state is restored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from netquant.errors import CalibrationError, ConfigError
+from netquant.nn.convert import name_quantizers, quant_modules, quantizers
+from netquant.nn.quantizer import QuantizerRole, QuantMode
+
+
+@contextmanager
+def calibrate(model: nn.Module, observer: str | None = None, **observer_opts: Any) -> Iterator[nn.Module]:
+    """Calibrate every activation quantizer of ``model`` with ``observer`` (default: each one's own)."""
+    name_quantizers(model)
+    active = [(n, q) for n, q in quantizers(model) if not q.dynamic]
+    if not active:
+        raise ConfigError(f"calibrate: {type(model).__name__} has no enabled quantizer; "
+                          "run netquant.nn.quantize_model on it first")
+    saved = {n: (q.mode, q.observer_name, dict(q.observer_opts)) for n, q in active}
+    for _, quantizer in active:
+        if quantizer.role is QuantizerRole.ACTIVATION:
+            quantizer.start_calibration(observer, **observer_opts)
+        else:
+            quantizer.mode = QuantMode.CALIBRATE
+    try:
+        with torch.no_grad():
+            yield model
+    except BaseException:
+        for name, quantizer in active:
+            quantizer.mode, quantizer.observer_name, quantizer.observer_opts = saved[name]
+            quantizer._observer = None
+        raise
+    finish_calibration(model)
+
+
+def finish_calibration(model: nn.Module) -> None:
+    """Compute params for every quantizer in CALIBRATE mode (weights from the weights)."""
+    with torch.no_grad():
+        for module in quant_modules(model):
+            for quantizer, _ in module.weight_tensors():
+                if quantizer.mode is QuantMode.CALIBRATE:
+                    quantizer.mode = QuantMode.QUANTIZE
+            module.calibrate_weights()
+        calibrating = [(n, q) for n, q in quantizers(model) if q.mode is QuantMode.CALIBRATE]
+        empty = [n for n, q in calibrating if not q.has_observations]
+        if empty:
+            for _, quantizer in calibrating:
+                quantizer.mode = QuantMode.QUANTIZE
+                quantizer._observer = None
+            shown = ", ".join(empty[:10]) + (f" and {len(empty) - 10} more" if len(empty) > 10 else "")
+            raise CalibrationError(f"calibration saw no data for {len(empty)} quantizer(s): {shown}; "
+                                   "run batches through the model inside `with calibrate(model):` and make "
+                                   "sure these modules are reached by forward()")
+        for _, quantizer in calibrating:
+            quantizer.finish_calibration()

@@ -1,0 +1,137 @@
+"""Which modules get quantized, and how: ordered wildcard rules and presets.
+
+A rule matches a module when its qualified name matches ``pattern`` (fnmatch; ``"head.*"`` also
+matches ``"head"`` itself) and, if ``types`` is given, the module is an instance of one of them.
+The first matching rule wins; a rule with ``layer=None`` keeps the module in FP32.
+
+Weight specs are re-targeted per layer type: PER_CHANNEL uses the layer's output-channel axis
+(0 for Linear/Conv/Embedding/LSTM, 1 for ConvTranspose), PER_GROUP its input-channel axis.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from torch import nn
+
+from netquant.core.ops import GradMode
+from netquant.core.spec import Granularity, QuantSpec
+from netquant.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class QuantizerConfig:
+    """How one quantization site is quantized."""
+
+    spec: QuantSpec
+    observer: str = "minmax"
+    observer_opts: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    learnable: bool = False
+    grad_mode: GradMode = GradMode.STE_CLIP
+    dynamic: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spec, QuantSpec):
+            raise ConfigError(f"QuantizerConfig.spec must be a QuantSpec, got {type(self.spec).__name__}")
+
+
+@dataclass(frozen=True)
+class LayerQuantConfig:
+    """Quantizers of one layer; None leaves that tensor in float."""
+
+    weight: QuantizerConfig | None = None
+    input: QuantizerConfig | None = None
+    output: QuantizerConfig | None = None
+
+
+@dataclass(frozen=True)
+class QuantRule:
+    """``pattern`` (fnmatch on the qualified module name) and optional ``types`` -> ``layer``."""
+
+    pattern: str = "*"
+    layer: LayerQuantConfig | None = None
+    types: tuple[type[nn.Module], ...] = ()
+
+    def matches(self, name: str, module: nn.Module) -> bool:
+        if self.types and not isinstance(module, self.types):
+            return False
+        if fnmatch.fnmatchcase(name, self.pattern):
+            return True
+        return self.pattern.endswith(".*") and name == self.pattern[:-2]
+
+
+@dataclass(frozen=True)
+class ModelQuantConfig:
+    """Ordered rules; the first that matches a module decides its LayerQuantConfig."""
+
+    rules: tuple[QuantRule, ...]
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for rule in self.rules:
+            if not isinstance(rule, QuantRule):
+                raise ConfigError(f"ModelQuantConfig '{self.name}': rules must be QuantRule, got {rule!r}")
+
+    def resolve(self, name: str, module: nn.Module) -> LayerQuantConfig | None:
+        for rule in self.rules:
+            if rule.matches(name, module):
+                return rule.layer
+        return None
+
+    def prepend(self, *rules: QuantRule) -> ModelQuantConfig:
+        """A copy with ``rules`` tried before the existing ones."""
+        return replace(self, rules=tuple(rules) + self.rules)
+
+    def keep_float(self, *patterns: str) -> ModelQuantConfig:
+        """A copy that leaves modules matching any of ``patterns`` in FP32."""
+        return self.prepend(*(QuantRule(pattern=p, layer=None) for p in patterns))
+
+    # ---- presets ---------------------------------------------------------------------------
+    @classmethod
+    def int8_tensorrt(cls, activation_observer: str = "minmax") -> ModelQuantConfig:
+        """INT8 TensorRT-style: int8 symmetric per-channel weights (axis 0, narrow range),
+        int8 symmetric per-tensor activations."""
+        weight = QuantizerConfig(QuantSpec.int8_per_channel(axis=0, narrow_range=True))
+        act = QuantizerConfig(QuantSpec.int8(), observer=activation_observer)
+        return cls((QuantRule(layer=LayerQuantConfig(weight=weight, input=act)),), name="int8_tensorrt")
+
+    @classmethod
+    def w8a8(cls, activation_observer: str = "minmax") -> ModelQuantConfig:
+        """Alias of int8_tensorrt."""
+        return cls.int8_tensorrt(activation_observer)
+
+    @classmethod
+    def w4a16(cls, group_size: int = 128) -> ModelQuantConfig:
+        """Weight-only int4: symmetric per-group (along the input axis) for Linear/Embedding,
+        per-channel for convolutions and LSTM; activations stay float."""
+        grouped = QuantizerConfig(QuantSpec.int4_per_group(group_size=group_size, axis=1))
+        per_channel = QuantizerConfig(QuantSpec(bits=4, granularity=Granularity.PER_CHANNEL, axis=0,
+                                                narrow_range=True))
+        return cls((QuantRule(types=(nn.Linear, nn.Embedding), layer=LayerQuantConfig(weight=grouped)),
+                    QuantRule(layer=LayerQuantConfig(weight=per_channel))), name="w4a16")
+
+    @classmethod
+    def w4a4(cls, activation_observer: str = "mse") -> ModelQuantConfig:
+        """int4 symmetric per-channel weights, uint4 affine per-tensor activations."""
+        weight = QuantizerConfig(QuantSpec(bits=4, granularity=Granularity.PER_CHANNEL, axis=0,
+                                           narrow_range=True))
+        act = QuantizerConfig(QuantSpec(bits=4, signed=False, symmetric=False), observer=activation_observer)
+        return cls((QuantRule(layer=LayerQuantConfig(weight=weight, input=act)),), name="w4a4")
+
+    @classmethod
+    def fp8(cls) -> ModelQuantConfig:
+        """FP8 E4M3: per-channel scaled weights, per-tensor scaled activations."""
+        weight = QuantizerConfig(QuantSpec.fp8_e4m3(granularity=Granularity.PER_CHANNEL, axis=0))
+        act = QuantizerConfig(QuantSpec.fp8_e4m3())
+        return cls((QuantRule(layer=LayerQuantConfig(weight=weight, input=act)),), name="fp8")
+
+
+def dynamic_config(weight_spec: QuantSpec | None = None,
+                   activation_spec: QuantSpec | None = None) -> ModelQuantConfig:
+    """Dynamic quantization of Linear and LSTM: int8 weights, activations quantized per batch."""
+    weight = QuantizerConfig(weight_spec or QuantSpec.int8_per_channel(axis=0, narrow_range=True))
+    act = QuantizerConfig(activation_spec or QuantSpec.uint8_affine(), dynamic=True)
+    layer = LayerQuantConfig(weight=weight, input=act)
+    return ModelQuantConfig((QuantRule(types=(nn.Linear, nn.LSTM), layer=layer),), name="dynamic")

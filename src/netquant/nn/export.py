@@ -1,0 +1,141 @@
+"""export_onnx: a QDQ ONNX model from a quantized PyTorch model.
+
+Each enabled quantizer becomes QuantizeLinear -> DequantizeLinear (per-channel weights carry their
+``axis``, per-group weights a ``block_size`` at opset 21).  Weights enter already fake-quantized,
+so the exported integers equal ours whatever the rounding policy; activations use ONNX's
+round-half-even.  Export goes through torch.onnx's torch.export-based exporter with a custom
+translation of the ``netquant::qdq`` op; the file is written whole or not at all.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import onnx
+import torch
+from onnxscript import values as onnxscript_values
+from torch import nn
+
+from netquant.errors import ExportError
+from netquant.nn import _qdq_op  # noqa: F401  (registers netquant::qdq)
+from netquant.nn.convert import name_quantizers, quant_modules, quantizers
+from netquant.nn.quantizer import EXPORTING, QuantMode
+
+MIN_OPSET = 13
+def _qdq_translation(opset: int) -> Any:
+    op = onnxscript_values.Opset("", opset)
+
+    def qdq_onnx(x: Any, scale: Any, zero_point: Any, axis: int, block_size: int, onnx_type: int) -> Any:
+        zp = op.Cast(zero_point, to=onnx_type)
+        if block_size > 0:
+            q = op.QuantizeLinear(x, scale, zp, axis=axis, block_size=block_size)
+            return op.DequantizeLinear(q, scale, zp, axis=axis, block_size=block_size)
+        q = op.QuantizeLinear(x, scale, zp, axis=axis)
+        return op.DequantizeLinear(q, scale, zp, axis=axis)
+
+    return qdq_onnx
+
+
+def _check_exportable(model: nn.Module) -> None:
+    name_quantizers(model)
+    calibrating = [n for n, q in quantizers(model) if q.mode is QuantMode.CALIBRATE]
+    if calibrating:
+        raise ExportError(f"export_onnx: quantizers still in calibration mode: {', '.join(calibrating)}; "
+                          "leave the `with calibrate(model):` block before exporting")
+    active = [(n, q) for n, q in quantizers(model) if q.mode is QuantMode.QUANTIZE]
+    uncalibrated = [n for n, q in active if not q.is_calibrated]
+    if uncalibrated:
+        raise ExportError(f"export_onnx: {len(uncalibrated)} quantizer(s) have no params: "
+                          f"{', '.join(uncalibrated)}; calibrate the model before exporting")
+    dynamic = [n for n, q in active if q.dynamic]
+    if dynamic:
+        raise ExportError(f"export_onnx: dynamic (per-batch) quantizers cannot be exported as static QDQ: "
+                          f"{', '.join(dynamic)}")
+
+
+def _install_plans(model: nn.Module, opset: int) -> list[Any]:
+    installed = []
+    with torch.no_grad():
+        weights = {id(q): w for m in quant_modules(model) for q, w in m.weight_tensors()}
+        for _, quantizer in quantizers(model):
+            if quantizer.mode is not QuantMode.QUANTIZE:
+                continue
+            weight = weights.get(id(quantizer))
+            fq_weight = None if weight is None else quantizer(weight.detach())
+            quantizer._export_plan = _qdq_op.make_export_plan(
+                quantizer, opset, None if weight is None else weight.dim(), fq_weight)
+            installed.append(quantizer)
+    return installed
+
+
+def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], path: str | os.PathLike[str], *,
+                opset: int = 21, input_names: Sequence[str] | None = None,
+                output_names: Sequence[str] | None = None, dynamic_batch: bool = True) -> Path:
+    """Export ``model`` (quantized, calibrated) to a QDQ ONNX file at ``path``; returns the path.
+
+    ``dynamic_batch`` makes dim 0 of every tensor input symbolic (give an example batch >= 2).
+    Raises ExportError naming uncalibrated quantizers, or when torch.onnx cannot export the model.
+    """
+    if opset < MIN_OPSET:
+        raise ExportError(f"export_onnx: opset {opset} is too old; Q/DQ export needs opset >= {MIN_OPSET}")
+    path = Path(path)
+    if not path.parent.exists():
+        raise ExportError(f"export_onnx: directory {path.parent} does not exist")
+    args = (example_inputs,) if isinstance(example_inputs, torch.Tensor) else tuple(example_inputs)
+    _check_exportable(model)
+    was_training = model.training
+    model.eval()
+    try:
+        stashed = _install_plans(model, opset)
+    except BaseException:
+        model.train(was_training)
+        raise
+    export_token = EXPORTING.set(True)
+    try:
+        dynamic_shapes = None
+        if dynamic_batch:
+            dynamic_shapes = tuple({0: torch.export.Dim.DYNAMIC} if isinstance(a, torch.Tensor) else None
+                                   for a in args)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                model, args, dynamo=True, opset_version=opset, verbose=False,
+                input_names=list(input_names) if input_names else None,
+                output_names=list(output_names) if output_names else None,
+                dynamic_shapes=dynamic_shapes,
+                custom_translation_table={torch.ops.netquant.qdq.default: _qdq_translation(opset)},
+            )
+        proto = program.model_proto
+        onnx.checker.check_model(proto)
+    except ExportError:
+        raise
+    except Exception as exc:  # torch.onnx raises many kinds; report them as one
+        raise ExportError(f"export_onnx: torch.onnx could not export {type(model).__name__}: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    finally:
+        EXPORTING.reset(export_token)
+        for quantizer in stashed:
+            quantizer._export_plan = None
+        model.train(was_training)
+    _write_atomically(proto, path)
+    return path
+
+
+def _write_atomically(proto: onnx.ModelProto, path: Path) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        onnx.save_model(proto, tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+__all__ = ["export_onnx"]
