@@ -1,0 +1,84 @@
+"""Shared helpers for the op implementations: dtype maps, attribute/input access, axis handling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from netquant.errors import UnsupportedOpError
+
+from .registry import OpContext
+
+# ONNX TensorProto.DataType -> torch dtype (types torch lacks are absent).
+ONNX_TO_TORCH: dict[int, torch.dtype] = {
+    1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint16, 5: torch.int16, 6: torch.int32,
+    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 12: torch.uint32, 13: torch.uint64,
+    14: torch.complex64, 15: torch.complex128, 16: torch.bfloat16, 17: torch.float8_e4m3fn,
+    18: torch.float8_e4m3fnuz, 19: torch.float8_e5m2, 20: torch.float8_e5m2fnuz, 24: torch.float8_e8m0fnu,
+}
+TORCH_TO_ONNX: dict[torch.dtype, int] = {v: k for k, v in ONNX_TO_TORCH.items()}
+
+FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz,
+          torch.float8_e8m0fnu)
+# Unsigned types with thin torch kernel coverage: computed in int64 and cast back.
+WIDE_UNSIGNED = (torch.uint16, torch.uint32, torch.uint64)
+
+
+def onnx_dtype(code: int, ctx: OpContext, what: str = "dtype") -> torch.dtype:
+    """torch dtype for an ONNX data type code, or UnsupportedOpError."""
+    try:
+        return ONNX_TO_TORCH[int(code)]
+    except KeyError:
+        raise UnsupportedOpError(ctx.unsupported(f"{what} {code} (no torch dtype)")) from None
+
+
+def ints(t: torch.Tensor | Sequence[int] | None) -> list[int]:
+    """A 1-D int tensor or sequence as a python list of ints."""
+    if t is None:
+        return []
+    if isinstance(t, torch.Tensor):
+        return [int(v) for v in t.reshape(-1).tolist()]
+    return [int(v) for v in t]
+
+
+def floats(t: torch.Tensor | Sequence[float] | None) -> list[float]:
+    if t is None:
+        return []
+    if isinstance(t, torch.Tensor):
+        return [float(v) for v in t.reshape(-1).tolist()]
+    return [float(v) for v in t]
+
+
+def opt(inputs: Sequence[Any], i: int) -> Any:
+    """inputs[i] or None when absent."""
+    return inputs[i] if i < len(inputs) else None
+
+
+def axis_of(axis: int, rank: int) -> int:
+    return axis + rank if axis < 0 else axis
+
+
+def axes_of(axes: Sequence[int], rank: int) -> list[int]:
+    return [a + rank if a < 0 else a for a in axes]
+
+
+def is_float(t: torch.Tensor) -> bool:
+    return t.is_floating_point() or t.is_complex()
+
+
+def widen(t: torch.Tensor) -> torch.Tensor:
+    """Unsigned 16/32/64-bit tensors as int64 (torch kernels for them are sparse); others unchanged."""
+    return t.to(torch.int64) if t.dtype in WIDE_UNSIGNED else t
+
+
+def scalar(t: torch.Tensor | None, default: Any = None) -> Any:
+    """A 0-d / 1-element tensor as a python number."""
+    if t is None:
+        return default
+    return t.reshape(-1)[0].item()
+
+
+def unwrap_sequence(x: Any) -> Any:
+    return x

@@ -1,0 +1,210 @@
+"""Quantisation ops: QuantizeLinear / DequantizeLinear (per tensor, per axis, blocked; int and float8),
+DynamicQuantizeLinear, MatMulInteger, QLinearMatMul, QLinearConv and com.microsoft QLinear element-wise ops.
+
+    q = saturate(round_half_even(x / scale) + zero_point)        x = (q - zero_point) * scale
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from netquant.errors import UnsupportedOpError
+
+from ._util import FLOAT8, axis_of, onnx_dtype, opt
+from .cast import to_float8
+from .conv import conv_nd
+from .registry import OpContext, register_op
+
+Tensor = torch.Tensor
+
+_INT_RANGE = {torch.uint8: (0, 255), torch.int8: (-128, 127), torch.uint16: (0, 65535),
+              torch.int16: (-32768, 32767), torch.int32: (-2**31, 2**31 - 1)}
+
+MS = "com.microsoft"
+
+
+def broadcast_param(p: Tensor, x: Tensor, axis: int, block_size: int) -> Tensor:
+    """A scale / zero point shaped to broadcast against x: scalar, per-axis vector or blocked tensor."""
+    if p.numel() == 1 and block_size == 0:
+        return p.reshape(())
+    a = axis_of(axis, x.dim())
+    if block_size > 0:
+        return p.repeat_interleave(block_size, dim=a).narrow(a, 0, x.shape[a])
+    shape = [1] * x.dim()
+    shape[a] = p.numel()
+    return p.reshape(shape)
+
+
+def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, dtype: torch.dtype, saturate: bool = True) -> Tensor:
+    """q = saturate(round(x / scale) + zp) for an integer dtype, or x / scale cast to a float8 dtype."""
+    compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+    v = x.to(compute) / scale.to(compute)
+    if dtype in FLOAT8:
+        return to_float8(v, dtype, saturate)
+    if dtype not in _INT_RANGE:
+        raise UnsupportedOpError(f"QuantizeLinear: output type {dtype} is not supported")
+    lo, hi = _INT_RANGE[dtype]
+    q = torch.round(v)
+    if zp is not None:
+        q = q + zp.to(compute)
+    return q.clamp(lo, hi).to(dtype)
+
+
+def dequantize(q: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
+    if q.dtype in FLOAT8:
+        return q.to(scale.dtype) * scale
+    v = q.to(torch.int32) if q.dtype != torch.int32 else q
+    if zp is not None:
+        v = v - zp.to(torch.int32)
+    return v.to(scale.dtype) * scale
+
+
+@register_op("QuantizeLinear")
+def quantize_linear(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    x, scale, zp = inputs[0], inputs[1], opt(inputs, 2)
+    axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+    if zp is not None:
+        dtype = zp.dtype
+    elif "output_dtype" in attrs and attrs["output_dtype"]:
+        dtype = onnx_dtype(attrs["output_dtype"], ctx, "output_dtype")
+    else:
+        dtype = torch.uint8
+    if dtype not in _INT_RANGE and dtype not in FLOAT8:
+        raise UnsupportedOpError(ctx.unsupported(f"output type {dtype}"))
+    s = broadcast_param(scale, x, axis, block)
+    z = broadcast_param(zp, x, axis, block) if zp is not None and dtype not in FLOAT8 else None
+    return [quantize(x, s, z, dtype, bool(attrs.get("saturate", 1)))]
+
+
+@register_op("DequantizeLinear")
+def dequantize_linear(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    q, scale, zp = inputs[0], inputs[1], opt(inputs, 2)
+    axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+    s = broadcast_param(scale, q, axis, block)
+    z = broadcast_param(zp, q, axis, block) if zp is not None and q.dtype not in FLOAT8 else None
+    y = dequantize(q, s, z)
+    if attrs.get("output_dtype"):
+        y = y.to(onnx_dtype(attrs["output_dtype"], ctx, "output_dtype"))
+    return [y]
+
+
+@register_op("DynamicQuantizeLinear")
+def dynamic_quantize_linear(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """scale = (max(0, max x) - min(0, min x)) / 255; zp = saturate(round(-min / scale)); uint8 output."""
+    x = inputs[0]
+    lo = torch.clamp(x.min(), max=0.0)
+    hi = torch.clamp(x.max(), min=0.0)
+    scale = (hi - lo) / 255.0
+    safe = torch.where(scale == 0, torch.ones_like(scale), scale)
+    zp = torch.round(-lo / safe).clamp(0, 255)
+    y = (torch.round(x / safe) + zp).clamp(0, 255).to(torch.uint8)
+    return [y, scale.to(x.dtype), zp.to(torch.uint8)]
+
+
+def _zp_sub(x: Tensor, zp: Tensor | None, axis_shape: list[int] | None = None) -> Tensor:
+    v = x.to(torch.float64)
+    if zp is not None:
+        z = zp.to(torch.float64)
+        if axis_shape is not None and z.numel() > 1:
+            z = z.reshape(axis_shape)
+        v = v - z
+    return v
+
+
+@register_op("MatMulInteger")
+def matmul_integer(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """int32 y = (a - a_zp) @ (b - b_zp); a_zp per row (M) or scalar, b_zp per column (N) or scalar."""
+    a, b, az, bz = inputs[0], inputs[1], opt(inputs, 2), opt(inputs, 3)
+    av = _zp_sub(a, az, [-1, 1])
+    bv = _zp_sub(b, bz, [1, -1])
+    return [torch.matmul(av, bv).round().to(torch.int32)]
+
+
+def _requant(acc: Tensor, multiplier: Tensor, yz: Tensor | None, dtype: torch.dtype) -> Tensor:
+    lo, hi = _INT_RANGE[dtype]
+    y = torch.round(acc * multiplier)
+    if yz is not None:
+        y = y + yz.to(torch.float64)
+    return y.clamp(lo, hi).to(dtype)
+
+
+@register_op("QLinearMatMul")
+def qlinear_matmul(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    a, a_s, a_z, b, b_s, b_z, y_s, y_z = inputs[:8]
+    av = (_zp_sub(a, a_z, [-1, 1]) * a_s.double().reshape(-1, 1)) if a_s.numel() > 1 else \
+        _zp_sub(a, a_z) * a_s.double()
+    bv = (_zp_sub(b, b_z, [1, -1]) * b_s.double().reshape(1, -1)) if b_s.numel() > 1 else \
+        _zp_sub(b, b_z) * b_s.double()
+    real = torch.matmul(av, bv)
+    y_dtype = y_z.dtype if y_z is not None else torch.uint8
+    if y_dtype in FLOAT8:
+        return [to_float8(real / y_s.double(), y_dtype, True)]
+    return [_requant(real, 1.0 / y_s.double(), y_z, y_dtype)]
+
+
+@register_op("QLinearConv")
+def qlinear_conv(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """y = saturate(round((conv(x - xz, w - wz) + B) * xs * ws / ys) + yz), w quantised per output channel."""
+    x, xs, xz, w, ws, wz, ys, yz = inputs[:8]
+    bias = opt(inputs, 8)
+    xv = _zp_sub(x, xz)
+    wshape = [-1] + [1] * (w.dim() - 1)
+    wv = _zp_sub(w, wz, wshape)
+    acc = conv_nd(xv, wv, None, attrs, ctx)
+    if bias is not None:
+        acc = acc + bias.double().reshape(1, -1, *([1] * (acc.dim() - 2)))
+    mult = xs.double() * ws.double()
+    if mult.numel() > 1:
+        mult = mult.reshape(1, -1, *([1] * (acc.dim() - 2)))
+    return [_requant(acc, mult / ys.double(), yz, yz.dtype if yz is not None else x.dtype)]
+
+
+# ---------------------------------------------------------------- com.microsoft QLinear element-wise ops
+def _dq(x: Tensor, s: Tensor, z: Tensor | None) -> Tensor:
+    return dequantize(x, s.float(), z)
+
+
+def _q(y: Tensor, s: Tensor, z: Tensor | None, like: Tensor) -> Tensor:
+    return quantize(y, s.float(), z, z.dtype if z is not None else like.dtype)
+
+
+def _qlinear_binary(op_type: str, fn) -> None:
+    @register_op(op_type, domain=MS)
+    def impl(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+        a, a_s, a_z, b, b_s, b_z, c_s, c_z = (list(inputs) + [None] * 8)[:8]
+        y = fn(_dq(a, a_s, a_z), _dq(b, b_s, b_z))
+        return [_q(y, c_s, c_z, a)]
+
+    impl.__name__ = op_type.lower()
+
+
+_qlinear_binary("QLinearAdd", torch.add)
+_qlinear_binary("QLinearMul", torch.mul)
+
+
+def _qlinear_unary(op_type: str, fn) -> None:
+    @register_op(op_type, domain=MS)
+    def impl(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+        x, xs, xz, ys, yz = (list(inputs) + [None] * 5)[:5]
+        return [_q(fn(_dq(x, xs, xz), attrs), ys, yz, x)]
+
+    impl.__name__ = op_type.lower()
+
+
+_qlinear_unary("QLinearSigmoid", lambda v, a: torch.sigmoid(v))
+_qlinear_unary("QLinearLeakyRelu", lambda v, a: torch.nn.functional.leaky_relu(v, a.get("alpha", 0.01)))
+_qlinear_unary("QLinearGlobalAveragePool",
+               lambda v, a: v.mean(dim=tuple(range(1, v.dim() - 1)), keepdim=True) if a.get("channels_last", 0)
+               else v.mean(dim=tuple(range(2, v.dim())), keepdim=True))
+
+
+@register_op("QLinearConcat", domain=MS)
+def qlinear_concat(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    ys, yz = inputs[0], inputs[1]
+    parts = [_dq(inputs[i], inputs[i + 1], inputs[i + 2]) for i in range(2, len(inputs), 3)]
+    return [_q(torch.cat(parts, dim=attrs["axis"]), ys, yz, inputs[2])]
+
+
+__all__ = ["quantize", "dequantize", "broadcast_param"]

@@ -1,0 +1,133 @@
+"""Tiny evaluator running ONNX backend node cases straight through the op registry (no IR needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+import netquant.graph.ops  # noqa: F401  (registers the ops)
+from netquant.errors import UnsupportedOpError
+from netquant.graph.ops.registry import OpContext, lookup_op
+
+_ML_DTYPES = {  # numpy (ml_dtypes) dtype name -> (bit view, torch dtype)
+    "bfloat16": (np.uint16, torch.bfloat16),
+    "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
+    "float8_e4m3fnuz": (np.uint8, torch.float8_e4m3fnuz),
+    "float8_e5m2": (np.uint8, torch.float8_e5m2),
+    "float8_e5m2fnuz": (np.uint8, torch.float8_e5m2fnuz),
+    "float8_e8m0fnu": (np.uint8, torch.float8_e8m0fnu),
+}
+
+
+class Skip(Exception):
+    pass
+
+
+def np_to_torch(a):
+    if a is None:
+        return None
+    if isinstance(a, list):
+        return [np_to_torch(x) for x in a]
+    if isinstance(a, onnx.TensorProto):
+        a = numpy_helper.to_array(a)
+    a = np.asarray(a)
+    name = a.dtype.name
+    if name in _ML_DTYPES:
+        view, dt = _ML_DTYPES[name]
+        return torch.from_numpy(np.array(a, order="C", copy=True).view(view)).view(dt)
+    if a.dtype.kind in "OSU":
+        raise Skip(f"string tensor ({a.dtype})")
+    if (a.dtype.kind == "V" and a.dtype.name not in _ML_DTYPES) or a.dtype.name in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn"):
+        raise Skip(f"dtype {a.dtype.name} has no torch equivalent")
+    try:
+        return torch.from_numpy(np.array(a, order="C", copy=True))
+    except TypeError as e:
+        raise Skip(f"dtype {a.dtype}") from e
+
+
+def torch_to_np(t):
+    if isinstance(t, list):
+        return [torch_to_np(x) for x in t]
+    t = t.detach().cpu()
+    if t.dtype in (torch.bfloat16, *(_ML_DTYPES[k][1] for k in _ML_DTYPES)):
+        return t.float().numpy()
+    return t.numpy()
+
+
+def decode_attrs(node: onnx.NodeProto) -> dict:
+    out = {}
+    for a in node.attribute:
+        if a.type == onnx.AttributeProto.TENSOR:
+            out[a.name] = np_to_torch(numpy_helper.to_array(a.t))
+        elif a.type == onnx.AttributeProto.TENSORS:
+            out[a.name] = [np_to_torch(numpy_helper.to_array(t)) for t in a.tensors]
+        elif a.type == onnx.AttributeProto.STRING:
+            out[a.name] = a.s.decode("utf-8")
+        elif a.type == onnx.AttributeProto.STRINGS:
+            out[a.name] = [s.decode("utf-8") for s in a.strings]
+        elif a.type in (onnx.AttributeProto.SPARSE_TENSOR, onnx.AttributeProto.SPARSE_TENSORS):
+            raise Skip("sparse tensor attribute")
+        else:
+            out[a.name] = helper.get_attribute_value(a)
+    return out
+
+
+def run_model(model: onnx.ModelProto, inputs: list) -> list:
+    opsets = {(o.domain or ""): o.version for o in model.opset_import}
+    g = model.graph
+    env = {}
+    for vi, x in zip(g.input, inputs):
+        env[vi.name] = np_to_torch(x)
+    for init in g.initializer:
+        env[init.name] = np_to_torch(numpy_helper.to_array(init))
+    for node in g.node:
+        dom = node.domain if node.domain != "ai.onnx" else ""
+        opset = opsets.get(dom, opsets.get("", 21))
+        try:
+            fn = lookup_op(node.op_type, dom, opset, node.name)
+        except UnsupportedOpError as e:
+            raise Skip(str(e)) from e
+        ctx = OpContext(op_type=node.op_type, name=node.name, domain=dom, opset=opset,
+                        num_outputs=len(node.output))
+        args = [env[n] if n else None for n in node.input]
+        try:
+            res = fn(args, decode_attrs(node), ctx)
+        except UnsupportedOpError as e:
+            if "no torch dtype" in str(e):
+                raise Skip(str(e)) from e
+            raise
+        for name, v in zip(node.output, res):
+            if name:
+                env[name] = v
+    return [env[o.name] for o in g.output]
+
+
+def check_case(case) -> None:
+    """Raise AssertionError on mismatch, Skip when the case can't be run here."""
+    for inputs, expected in case.data_sets:
+        got = run_model(case.model, list(inputs))
+        assert len(got) >= len(expected), f"{len(got)} outputs, expected {len(expected)}"
+        for i, (g, e) in enumerate(zip(got, expected)):
+            if isinstance(e, list):
+                assert isinstance(g, list) and len(g) == len(e), f"output {i}: sequence mismatch"
+                pairs = list(zip(g, e))
+            else:
+                pairs = [(g, e)]
+            for gg, ee in pairs:
+                if isinstance(ee, onnx.TensorProto):
+                    ee = numpy_helper.to_array(ee)
+                ee = np.asarray(ee)
+                if (ee.dtype.kind == "V" and ee.dtype.name not in _ML_DTYPES) or ee.dtype.name in ("int4", "uint4", "int2", "uint2", "float4_e2m1fn"):
+                    raise Skip(f"dtype {ee.dtype.name} has no torch equivalent")
+                gn = torch_to_np(gg)
+                if ee.dtype.name in _ML_DTYPES:
+                    ee = ee.astype(np.float32)
+                assert gn.shape == ee.shape, f"output {i}: shape {gn.shape} != {ee.shape}"
+                if ee.dtype.kind in "fc":
+                    assert gn.dtype == ee.dtype or ee.dtype == np.float32, f"output {i}: dtype {gn.dtype} != {ee.dtype}"
+                    np.testing.assert_allclose(gn, ee, rtol=case.rtol, atol=case.atol, err_msg=f"output {i}")
+                else:
+                    assert gn.dtype == ee.dtype, f"output {i}: dtype {gn.dtype} != {ee.dtype}"
+                    np.testing.assert_array_equal(gn, ee, err_msg=f"output {i}")
