@@ -119,7 +119,7 @@ def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.Mod
     if load_external_data:
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise ModelError(f"{where}: cannot read external tensor data next to the model ({exc}); keep the "
                              f".data file(s) in the same folder as the .onnx file") from exc
     return model, where

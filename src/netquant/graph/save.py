@@ -142,10 +142,11 @@ def check_model(model: onnx.ModelProto, where: str) -> None:
 
 
 def save_onnx(graph: Graph, path: str | os.PathLike, *, external_data: bool | None = None,
-              check: bool = True) -> None:
+              check: bool = True, size_threshold: int = 1024) -> None:
     """Write the graph to `path` atomically (whole file or nothing), checked by onnx.checker.
 
-    external_data: None = automatically above 2 GiB; True = weights go to '<file name>.data' next to it.
+    external_data: None = automatically above 2 GiB; True = tensors of at least `size_threshold` bytes
+    go to '<file name>.data' next to the model.
     """
     path = Path(path)
     model = to_onnx(graph, check=check)
@@ -158,7 +159,7 @@ def save_onnx(graph: Graph, path: str | os.PathLike, *, external_data: bool | No
         location = f"{path.name}.data"
         if external_data:
             onnx.save_model(model, tmp_model, save_as_external_data=True, all_tensors_to_one_file=True,
-                            location=location, size_threshold=1024)
+                            location=location, size_threshold=size_threshold)
             data = os.path.join(tmpdir, location)
             if os.path.exists(data):
                 os.replace(data, path.parent / location)
