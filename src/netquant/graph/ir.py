@@ -289,39 +289,36 @@ class Graph:
     def remove_node(self, node: Node, reconnect: bool = True) -> None:
         """Remove `node`.  With reconnect, readers of its first output read its first input instead
         (for pass-through ops: Identity, Dropout, Q/DQ pairs...).  Outputs still read elsewhere without
-        reconnect raise ModelError.
+        reconnect raise ModelError (and the graph is left unchanged).
         """
         if node not in self.nodes:
             raise ModelError(f"remove_node: node '{node.name}' is not in graph '{self.name}'")
-        if reconnect and node.outputs and node.inputs and node.inputs[0]:
+        can_reconnect = reconnect and bool(node.outputs) and bool(node.inputs) and bool(node.inputs[0])
+        must_be_unused = node.outputs[1:] if can_reconnect else node.outputs
+        for o in must_be_unused:
+            if o and ([n for n in self.consumers(o) if n is not node] or self.is_graph_output(o)):
+                raise ModelError(f"remove_node: output '{o}' of '{node.name}' ({node.op_type}) is still used; "
+                                 f"rewire its consumers first")
+        if can_reconnect:
             src, dst = node.inputs[0], node.outputs[0]
             if self.is_graph_output(dst):
                 if self.is_graph_output(src) or self.producer(src) is None:
                     raise ModelError(
                         f"remove_node: cannot remove '{node.name}' ({node.op_type}): its output '{dst}' is a "
                         f"graph output and its input '{src}' is a graph input, initializer or output")
-                # the producer of src takes over the output name
                 self.nodes.remove(node)
-                self.rename_value(src, dst)
+                self.value_info.pop(src, None)
+                self.declared_value_info.discard(src)
+                self.rename_value(src, dst)  # the producer of src takes over the output name
             else:
                 self.nodes.remove(node)
                 self.replace_uses(dst, src)
-                self.value_info.pop(dst, None)
-            self._check_unused(node, node.outputs[1:])
         else:
             self.nodes.remove(node)
-            self._check_unused(node, node.outputs)
-        for o in node.outputs[1:] if reconnect else node.outputs:
+        for o in node.outputs if not can_reconnect or not self.is_graph_output(node.outputs[0]) \
+                else node.outputs[1:]:
             self.value_info.pop(o, None)
             self.declared_value_info.discard(o)
-
-    def _check_unused(self, node: Node, outputs: list[str]) -> None:
-        for o in outputs:
-            if o and (self.consumers(o) or self.is_graph_output(o)):
-                self.nodes.append(node)  # undo
-                self.toposort()
-                raise ModelError(f"remove_node: output '{o}' of '{node.name}' ({node.op_type}) is still used; "
-                                 f"rewire its consumers first")
 
     def replace_node(self, old: Node, new: Node | list[Node]) -> None:
         """Replace `old` by one or more nodes that produce the same output names."""
