@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from netquant import QTensor
 from netquant.core import choose_qparams, quantize
@@ -258,7 +260,7 @@ PER_CHANNEL_INDICES = [0, 2, -1, (slice(None), 1), (slice(None), slice(1, 3)), (
                        (..., 1), (..., slice(None, None, 2)), (None, slice(None), 0), (0, None, slice(1, None)),
                        (slice(None), [2, 0]), (slice(None), torch.tensor([True, False, True, False])),
                        ([1, 0], slice(None), 2), (slice(None), slice(0, 1)), (slice(None), torch.tensor(1)),
-                       (slice(None), [])]
+                       (slice(None), []), (True, slice(None), 1), (0, False)]
 
 
 @pytest.mark.parametrize("index", PER_CHANNEL_INDICES, ids=repr)
@@ -279,6 +281,54 @@ def test_per_channel_params_follow_the_slice(index) -> None:
     else:
         ref = torch.quantize_per_tensor(x[index], float(sub.scale), int(sub.zero_point), torch.qint8)
     assert torch.equal(sub.int_repr(), ref.int_repr())
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_random_basic_indices_keep_each_elements_params(data) -> None:
+    shape = data.draw(st.lists(st.integers(1, 4), min_size=1, max_size=4), label="shape")
+    axis = data.draw(st.integers(-len(shape), len(shape) - 1), label="axis")
+    items: list = []
+    n_items = data.draw(st.integers(0, len(shape)), label="n_items")
+    for size in shape[:n_items]:  # one int or slice per leading dim, maybe after a new axis
+        if data.draw(st.booleans(), label="new axis"):
+            items.append(None)
+        if data.draw(st.booleans(), label="int"):
+            items.append(data.draw(st.integers(-size, size - 1)))
+        else:
+            items.append(slice(data.draw(st.integers(-size, size)), data.draw(st.integers(-size, size)),
+                               data.draw(st.integers(1, 3))))
+    if data.draw(st.booleans(), label="ellipsis"):  # anywhere if it stands for no dims, else at the end
+        items.insert(data.draw(st.integers(0, len(items))) if n_items == len(shape) else len(items), Ellipsis)
+    index = tuple(items)
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape)))
+    n = shape[axis]
+    qt = QTensor.quantize_per_channel(x, torch.arange(1, n + 1) * 0.01, torch.arange(n) - 1, axis, torch.qint8)
+    sub = qt[index]
+    assert torch.equal(sub.int_repr(), qt.int_repr()[index])
+    assert torch.equal(_expand_param(sub, sub.scale), _expand_param(qt, qt.scale)[index])
+    assert torch.equal(_expand_param(sub, sub.zero_point), _expand_param(qt, qt.zero_point)[index])
+    assert torch.equal(sub.dequantize(), qt.dequantize()[index])
+
+
+def test_reshape_and_iteration() -> None:
+    gen = torch.Generator().manual_seed(15)
+    x = torch.randn(4, 5, generator=gen)
+    ref = torch.quantize_per_tensor(x, 0.02, 3, torch.qint8)
+    qt = QTensor.from_torch(ref)
+    assert torch.equal(qt.reshape(2, 10).int_repr(), ref.reshape(2, 10).int_repr())
+    assert torch.equal(qt.reshape([-1]).dequantize(), ref.reshape(-1).dequantize())
+    assert [row.int_repr().tolist() for row in qt] == ref.int_repr().tolist()
+    scales, zps = _rand_params(gen, torch.qint8, 4)
+    pc = QTensor.quantize_per_channel(x, scales, zps, 0, torch.qint8)
+    for shape in ((4, 1, 5), (20,), (1, 4, 5, 1)):
+        moved = pc.reshape(shape)
+        assert torch.equal(moved.int_repr(), pc.int_repr().reshape(shape))
+        assert torch.equal(_expand_param(moved, moved.scale), _expand_param(pc, pc.scale).reshape(shape))
+        assert torch.equal(moved.dequantize(), pc.dequantize().reshape(shape))
+    assert pc.reshape(1, 4, 5, 1).axis == 1
+    with pytest.raises(DataError, match="reshaping .* mixes channels"):
+        pc.reshape(2, 10)
 
 
 def test_per_channel_int_index_on_axis_matches_torch() -> None:
@@ -503,6 +553,19 @@ def test_torch_conversion_roundtrip(qdtype: torch.dtype, per_channel: bool) -> N
     assert back.dtype == ref.dtype and back.qscheme() == ref.qscheme()
     assert torch.equal(back.int_repr(), ref.int_repr()) and torch.equal(back.dequantize(), ref.dequantize())
     assert qt.spec.storage_dtype == ref.int_repr().dtype
+
+
+def test_to_torch_copies_and_keeps_layout() -> None:
+    qt = QTensor.quantize_per_tensor(torch.randn(3, 4, generator=torch.Generator().manual_seed(16)), 0.05, 2,
+                                     torch.qint8)
+    t = qt.transpose(0, 1).to_torch()
+    assert torch.equal(t.int_repr(), qt.int_repr().t()) and torch.equal(t.dequantize(), qt.dequantize().t())
+    pc = QTensor.quantize(torch.randn(3, 4), QuantSpec.int8_per_channel(axis=0))
+    t = pc.transpose(0, 1).to_torch()  # axis 1 after the transpose
+    assert t.q_per_channel_axis() == 1 and torch.equal(t.dequantize(), pc.dequantize().t())
+    before = pc.int_repr()
+    t[0, 0] = -float(pc.scale[0]) * 100  # the torch tensor owns its storage
+    assert t.int_repr()[0, 0] == -100 and torch.equal(pc.int_repr(), before)
 
 
 def test_torch_conversion_errors() -> None:

@@ -167,7 +167,7 @@ class QTensor:
                 dims = [d for d in range(x.dim()) if d != axis]
                 flat = x.permute(axis, *dims).reshape(x.shape[axis], -1)
                 lo, hi = (flat.amin(dim=1), flat.amax(dim=1)) if flat.shape[1] else (
-                    torch.zeros(x.shape[axis]), torch.zeros(x.shape[axis]))
+                    torch.zeros(x.shape[axis], device=x.device), torch.zeros(x.shape[axis], device=x.device))
             elif x.numel():
                 lo, hi = x.min(), x.max()
             else:
@@ -246,9 +246,9 @@ class QTensor:
         with _quiet_torch_quantized():
             if self._axis is None:
                 return torch._make_per_tensor_quantized_tensor(
-                    self._data, float(self._scale), int(self._zero_point))
+                    self._data.clone(), float(self._scale), int(self._zero_point))
             return torch._make_per_channel_quantized_tensor(
-                self._data, self._scale.double(), self._zero_point.long(), self._axis)
+                self._data.contiguous().clone(), self._scale.double(), self._zero_point.long(), self._axis)
 
     # ---- numerics -----------------------------------------------------------------
     def _quantize_values(self, x: torch.Tensor) -> torch.Tensor:
@@ -391,17 +391,23 @@ class QTensor:
         if self._axis is None:
             return self._with(data, self._scale, self._zero_point, None)
         idx = index if isinstance(index, tuple) else (index,)
-        if all(isinstance(i, _BASIC_INDEX_TYPES) for i in idx):
+        if all(isinstance(i, _BASIC_INDEX_TYPES) and not isinstance(i, bool) for i in idx):
             new_axis, channels = _follow_axis_basic(idx, self._data.dim(), self._axis)
         else:
-            new_axis, channels = self._follow_axis_advanced(index, data.shape)
+            new_axis, channels = self._axis_from_channel_ids(self._channel_ids()[index], "indexing")
         return self._with(data, self._scale[channels], self._zero_point[channels], new_axis)
 
-    def _follow_axis_advanced(self, index: Any, out_shape: torch.Size) -> tuple[int | None, Any]:
-        """Where the channel axis went under advanced indexing, found by indexing a channel-id map."""
+    def _channel_ids(self) -> torch.Tensor:
+        """Each element's channel index (an expanded view, shape self.shape)."""
         n = self._data.shape[self._axis]
-        ids = torch.arange(n, device=self._data.device).reshape(
-            [-1 if d == self._axis else 1 for d in range(self._data.dim())]).expand(self._data.shape)[index]
+        return torch.arange(n, device=self._data.device).reshape(
+            [-1 if d == self._axis else 1 for d in range(self._data.dim())]).expand(self._data.shape)
+
+    def _axis_from_channel_ids(self, ids: torch.Tensor, what: str) -> tuple[int | None, Any]:
+        """(new axis, channel selector) for a result whose elements come from channels `ids`.
+
+        Channels must vary along at most one dim (that dim becomes the axis); none -> per-tensor.
+        """
         if ids.numel() == 0:
             return None, 0  # empty result: any channel's params describe it
         varying = [d for d in range(ids.dim()) if bool((ids != ids.narrow(d, 0, 1)).any())]
@@ -412,7 +418,7 @@ class QTensor:
             line = ids.movedim(d, -1).reshape(-1, ids.shape[d])[0]
             if bool((ids == line.reshape([-1 if k == d else 1 for k in range(ids.dim())])).all()):
                 return d, line
-        raise DataError(f"indexing this per-channel QTensor (axis {self._axis}, shape {tuple(self.shape)}) "
+        raise DataError(f"{what} this per-channel QTensor (axis {self._axis}, shape {tuple(self.shape)}) "
                         f"mixes channels across dims {varying}; dequantize() first or keep the channel axis whole")
 
     def __setitem__(self, index: Any, value: Any) -> None:
@@ -455,6 +461,15 @@ class QTensor:
         data = self._data.permute(*order)
         axis = None if self._axis is None else [d % self.ndim for d in order].index(self._axis)
         return self._with(data, self._scale, self._zero_point, axis)
+
+    def reshape(self, *shape: int | Sequence[int]) -> QTensor:
+        """Reshape; per-channel params follow when the channels still run along one dim."""
+        size = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], Sequence) else shape
+        data = self._data.reshape(size)
+        if self._axis is None:
+            return self._with(data, self._scale, self._zero_point, None)
+        axis, channels = self._axis_from_channel_ids(self._channel_ids().reshape(data.shape), "reshaping")
+        return self._with(data, self._scale[channels], self._zero_point[channels], axis)
 
     def contiguous(self) -> QTensor:
         return self._with(self._data.contiguous(), self._scale, self._zero_point, self._axis)
