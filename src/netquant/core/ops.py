@@ -47,6 +47,9 @@ __all__ = [
     "tensor_quant",
 ]
 
+# Per-tensor ROUND_HALF_EVEN / STE_CLIP / float32 calls go to torch's fused kernel, which computes
+# exactly our formula (tests flip this switch to check our own kernel against it).
+_DISPATCH_TO_TORCH = True
 # torch.fake_quantize_per_channel_affine casts out-of-range values (|x/s| >= 2^63, +-Inf) to int64
 # with undefined behaviour (+Inf comes back as qmin), so the per-channel path uses our own kernel.
 _USE_TORCH_PER_CHANNEL = False
@@ -101,6 +104,8 @@ def _view_shape(p: torch.Tensor, x: torch.Tensor, spec: QuantSpec, what: str) ->
             raise DataError(f"per-tensor {what} must have one element, got shape {tuple(p.shape)}")
         return []
     axis = _norm_axis(spec, x)
+    if what == "zero_point" and p.numel() == 1:  # one zero point shared by all channels / groups
+        return []
     n = x.shape[axis] if g is Granularity.PER_CHANNEL else -(-x.shape[axis] // spec.group_size)
     shape = [1] * x.ndim
     shape[axis] = n
@@ -119,7 +124,7 @@ def _expand(p: torch.Tensor, x: torch.Tensor, spec: QuantSpec, what: str) -> tor
     """`p` reshaped (per-group: repeated along axis) so it broadcasts elementwise against `x`."""
     shape = _view_shape(p, x, spec, what)
     p = p.reshape(shape)
-    if spec.granularity is Granularity.PER_GROUP:
+    if spec.granularity is Granularity.PER_GROUP and shape:
         axis = _norm_axis(spec, x)
         p = p.repeat_interleave(spec.group_size, dim=axis)
         if p.shape[axis] != x.shape[axis]:
@@ -130,7 +135,7 @@ def _expand(p: torch.Tensor, x: torch.Tensor, spec: QuantSpec, what: str) -> tor
 def _reduce_to(g: torch.Tensor, p: torch.Tensor, x: torch.Tensor, spec: QuantSpec) -> torch.Tensor:
     """Sum an x-shaped gradient back to the shape of parameter `p`."""
     gran = spec.granularity
-    if gran is Granularity.PER_TENSOR:
+    if gran is Granularity.PER_TENSOR or p.numel() == 1:
         return g.sum().reshape(p.shape)
     axis = _norm_axis(spec, x)
     shape = _view_shape(p, x, spec, "param")
@@ -336,7 +341,7 @@ def _lsq_backward(x: torch.Tensor, dy: torch.Tensor, scale: torch.Tensor, zero_p
 
 def _torch_fast_path(x: torch.Tensor, spec: QuantSpec, grad_mode: GradMode) -> bool:
     """True when torch's fused fake-quant kernel has exactly our semantics."""
-    return (not spec.is_float and spec.rounding is RoundingPolicy.ROUND_HALF_EVEN
+    return (_DISPATCH_TO_TORCH and not spec.is_float and spec.rounding is RoundingPolicy.ROUND_HALF_EVEN
             and grad_mode is GradMode.STE_CLIP and x.dtype == torch.float32
             and (spec.granularity is Granularity.PER_TENSOR
                  or (_USE_TORCH_PER_CHANNEL and spec.granularity is Granularity.PER_CHANNEL)))
@@ -364,6 +369,9 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor | float, zero_point: torc
     scale = _as_param(scale, x, torch.float32)
     zero_point = _as_param(zero_point, x, torch.int32)
     _check_scale(scale)
+    _view_shape(scale, x, spec, "scale")
+    if not spec.is_float:
+        _view_shape(zero_point, x, spec, "zero_point")
     if x.numel() == 0:
         return x.clone()
     if _torch_fast_path(x, spec, grad_mode) and not zero_point.is_floating_point():
