@@ -1,1 +1,30 @@
-"""netquant.export"""
+"""netquant.export: ONNX QDQ models, quant-params JSON and TensorRT calibration caches.
+
+Every file is validated before it is written and written whole or not at all.
+"""
+
+from netquant.export.onnx_qdq import ExportReport, build_qdq_model, export_qdq
+from netquant.export.ort_kernels import INT8_KERNEL_OPS, ort_int8_kernels, ort_optimized_op_types
+from netquant.export.params import (
+    export_quant_params_json,
+    export_tensorrt_calib_cache,
+    export_trt_calibration_cache,
+    quant_params,
+    scale_hex,
+    trt_scales,
+)
+
+__all__ = [
+    "INT8_KERNEL_OPS",
+    "ExportReport",
+    "build_qdq_model",
+    "export_qdq",
+    "export_quant_params_json",
+    "export_tensorrt_calib_cache",
+    "export_trt_calibration_cache",
+    "ort_int8_kernels",
+    "ort_optimized_op_types",
+    "quant_params",
+    "scale_hex",
+    "trt_scales",
+]

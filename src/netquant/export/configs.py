@@ -1,0 +1,98 @@
+"""Reading a QuantizedGraph's configs the way export needs them (states, roots, tensor edges)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.core.spec import Granularity, QuantSpec
+from netquant.errors import ExportError
+
+# states whose params mean "this tensor is quantized at this point"
+EMITTING_STATES = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.BAKED})
+UNDEPLOYABLE_STATES = frozenset({QuantState.INITIAL, QuantState.PASSIVE_INIT})
+
+
+def unwrap(qmodel: Any) -> Any:
+    """The QuantizedGraph inside an API model object (or the QuantizedGraph itself)."""
+    for attr in ("qgraph", "quantized_graph"):
+        inner = getattr(qmodel, attr, None)
+        if inner is not None:
+            return inner
+    if not hasattr(qmodel, "op_configs") or not hasattr(qmodel, "graph"):
+        raise ExportError(f"cannot export a {type(qmodel).__name__}: expected a netquant QuantizedGraph "
+                          "(from netquant.quantize_onnx) with .graph and .op_configs")
+    return qmodel
+
+
+def root(cfg: TensorQuantConfig) -> TensorQuantConfig:
+    """The config whose params `cfg` uses (follows dominated_by to its end)."""
+    seen = {id(cfg)}
+    while cfg.dominated_by is not None:
+        cfg = cfg.dominated_by
+        if id(cfg) in seen:
+            raise ExportError(f"config of tensor '{cfg.name}' dominates itself (dominated_by cycle)")
+        seen.add(id(cfg))
+    return cfg
+
+
+def emits(cfg: TensorQuantConfig | None) -> bool:
+    """True when this config puts a quantizer at its own place (not OVERLAPPED / FP32 / SOI)."""
+    if cfg is None or cfg.state not in EMITTING_STATES:
+        return False
+    return root(cfg).params is not None
+
+
+def params_of(cfg: TensorQuantConfig) -> tuple[torch.Tensor, torch.Tensor, QuantSpec]:
+    """(scale, zero_point, spec) that quantize this config's tensor, following dominated_by."""
+    r = root(cfg)
+    if r.params is None:
+        raise ExportError(f"tensor '{cfg.name}' ({cfg.state.name}) has no scale / zero point; "
+                          "calibrate the model before exporting")
+    scale, zp = r.params.scale.detach().float().cpu(), r.params.zero_point.detach().cpu()
+    if r.spec.granularity is Granularity.PER_TENSOR:
+        if scale.numel() != 1:
+            raise ExportError(f"per-tensor config of '{cfg.name}' has {scale.numel()} scales")
+        scale, zp = scale.reshape(()), zp.reshape(())  # ORT's QLinear* kernels want scalars
+    return scale, zp, r.spec
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One config at one place: node input `index` (is_input) or node output `index`."""
+
+    node: str
+    op_type: str
+    index: int
+    is_input: bool
+    tensor: str
+    config: TensorQuantConfig
+
+
+def iter_slots(qgraph: Any) -> Iterator[Slot]:
+    """Every config of every op, in graph order (inputs before outputs)."""
+    for node in qgraph.graph.nodes:
+        oc = qgraph.op_configs.get(node.name)
+        if oc is None:
+            continue
+        for i, cfg in enumerate(oc.inputs):
+            if cfg is not None and i < len(node.inputs) and node.inputs[i]:
+                yield Slot(node.name, node.op_type, i, True, node.inputs[i], cfg)
+        for i, cfg in enumerate(oc.outputs):
+            if cfg is not None and i < len(node.outputs) and node.outputs[i]:
+                yield Slot(node.name, node.op_type, i, False, node.outputs[i], cfg)
+
+
+def check_deployable(qgraph: Any) -> None:
+    """ExportError naming every config still INITIAL / PASSIVE_INIT (not calibrated / not derived)."""
+    bad = [f"{s.node} {'input' if s.is_input else 'output'} {s.index} ('{s.tensor}', {s.config.state.name})"
+           for s in iter_slots(qgraph) if s.config.state in UNDEPLOYABLE_STATES]
+    if bad:
+        more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
+        raise ExportError(f"{len(bad)} quantization configs are not deployable (never calibrated or "
+                          f"derived): {'; '.join(bad[:10])}{more}. Run calibration and bias passes first "
+                          "or set those ops to FP32.")

@@ -1,0 +1,138 @@
+"""export_qdq: a QuantizedGraph -> a validated ONNX QDQ file (opset >= 13), written atomically."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from netquant.errors import ExportError
+from netquant.export.atomic import atomic_path
+from netquant.export.configs import check_deployable, unwrap
+from netquant.export.opset import ai_onnx_opset, check_same_outputs, upgrade_opset
+from netquant.export.ort_kernels import ort_int8_kernels
+from netquant.export.qdq import QdqBuilder, required_opset
+from netquant.export.validate import check_model, compare_with_executor, ort_session, sample_feeds
+
+
+@dataclass
+class ExportReport:
+    """What export_qdq wrote and how it was checked."""
+
+    path: Path
+    opset: int
+    source_opset: int
+    fp32_bytes: int
+    size_bytes: int
+    quantize_nodes: int
+    dequantize_nodes: int
+    integer_initializers: int
+    quantized_ops: list[str]
+    validated: bool
+    output_cosine: dict[str, float] = field(default_factory=dict)
+    output_max_abs_diff: dict[str, float] = field(default_factory=dict)
+    int8_kernels: dict[str, int] | None = None
+    warnings: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def opset_upgraded(self) -> bool:
+        return self.opset > self.source_opset
+
+    @property
+    def compression(self) -> float:
+        """FP32 size / exported size."""
+        return self.fp32_bytes / max(1, self.size_bytes)
+
+    def summary(self) -> str:
+        cos = ", ".join(f"{k}: {v:.5f}" for k, v in self.output_cosine.items()) or "not validated"
+        kernels = ", ".join(f"{k} x{v}" for k, v in (self.int8_kernels or {}).items()) or "none"
+        return (f"{self.path}: opset {self.source_opset}->{self.opset}, {len(self.quantized_ops)} ops quantized, "
+                f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
+                f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x); cosine vs executor {cos}; "
+                f"onnxruntime int8 kernels: {kernels}")
+
+
+def build_qdq_model(qmodel: Any, *, opset: int | None = None,
+                    feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
+    """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
+
+    When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
+    """
+    from netquant.graph import to_onnx
+
+    qgraph = unwrap(qmodel)
+    check_deployable(qgraph)
+    fp32 = to_onnx(qgraph.graph)
+    source = ai_onnx_opset(fp32)
+    need = required_opset(qgraph)
+    if opset is not None and opset < need:
+        raise ExportError(f"opset {opset} cannot express this model's quantizers (needs >= {need}: per-axis "
+                          "QDQ 13, FP8 19, int16 / per-group 21)")
+    target = max(need, opset or 0, source)
+    model = fp32
+    if target > source:
+        model = upgrade_opset(fp32, target)
+        if feeds is not None:
+            check_same_outputs(fp32, model, feeds, f"upgrading '{qgraph.graph.name}' from opset {source} to {target}")
+    else:
+        model = onnx.ModelProto()
+        model.CopyFrom(fp32)
+    builder = QdqBuilder(qgraph, model)
+    model = builder.build()
+    model.producer_name, model.producer_version = "netquant", _version()
+    platform = getattr(qgraph.platform, "name", "")
+    if platform:
+        onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
+                                            "netquant.platform": platform})
+    return model, builder, source
+
+
+def _version() -> str:
+    from netquant import __version__
+
+    return __version__
+
+
+def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None = None, validate: bool = True,
+               sample: Any = None, min_cosine: float = 0.99, check_kernels: bool = True) -> ExportReport:
+    """Write `qmodel` as an ONNX QDQ model at `path`, whole or not at all.
+
+    validate: onnx.checker, onnxruntime load, and one batch (`sample`, else one the quantizer kept,
+        else random) where every output's cosine vs the executor's fake-quant run must be >= min_cosine.
+    check_kernels: record which int8 kernels onnxruntime runs after its optimizations.
+    Raises ExportError (and leaves no file) on any failure.
+    """
+    start = time.perf_counter()
+    qgraph = unwrap(qmodel)
+    where = str(path)
+    feeds = sample_feeds(qgraph, sample) if validate else None
+    model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=feeds)
+    cos: dict[str, float] = {}
+    diff: dict[str, float] = {}
+    with atomic_path(path, "ONNX model") as tmp:
+        if validate:
+            check_model(model, where)
+        onnx.save(model, str(tmp))
+        if validate:
+            sess = ort_session(str(tmp), where)
+            cos, diff = compare_with_executor(qgraph, sess, feeds, where, min_cosine)
+    target = Path(path)
+    kernels = ort_int8_kernels(target) if check_kernels else None
+    return ExportReport(
+        path=target, opset=ai_onnx_opset(model), source_opset=source,
+        fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
+        quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
+        integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
+        validated=validate, output_cosine=cos, output_max_abs_diff=diff, int8_kernels=kernels,
+        warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
+
+
+def _fp32_bytes(qgraph: Any) -> int:
+    from netquant.graph import to_onnx
+
+    return to_onnx(qgraph.graph).ByteSize()

@@ -1,0 +1,56 @@
+"""Which ops onnxruntime really runs as integer kernels after its graph optimizations.
+
+onnxruntime fuses DequantizeLinear -> Conv -> QuantizeLinear into QLinearConv (and similar) only
+when its QDQ selectors match; otherwise the model runs in float with extra Q/DQ work.  We save the
+optimized graph (SessionOptions.optimized_model_filepath) and count its op types.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import onnx
+
+from netquant.errors import ExportError
+
+# op types (ai.onnx and com.microsoft) that compute on 8-bit integers
+INT8_KERNEL_OPS = frozenset({
+    "QLinearConv", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "QGemm", "QLinearMatMul",
+    "DynamicQuantizeMatMul", "QLinearAdd", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu",
+    "QLinearAveragePool", "QLinearGlobalAveragePool", "QLinearConcat", "QLinearSoftmax",
+    "QLinearReduceMean", "QLinearWhere", "QLinearConvTranspose", "QAttention", "QOrderedMatMul",
+    "NhwcQLinearConv", "QEmbedLayerNormalization", "DynamicQuantizeLSTM", "QLinearGelu",
+})
+
+
+def ort_optimized_op_types(path: str | os.PathLike[str], level: str = "all") -> Counter[str]:
+    """Op-type counts of the graph onnxruntime (CPU EP) runs after optimizing the model at `path`."""
+    import onnxruntime as ort
+
+    levels = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+              "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+              "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "optimized.onnx"
+        so = ort.SessionOptions()
+        so.graph_optimization_level = levels[level]
+        so.optimized_model_filepath = str(out)
+        so.log_severity_level = 3
+        try:
+            ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise ExportError(f"onnxruntime cannot load '{path}': {exc}") from exc
+        model = onnx.load(str(out), load_external_data=False)
+    return Counter(n.op_type for n in model.graph.node)
+
+
+def ort_int8_kernels(path: str | os.PathLike[str]) -> dict[str, int]:
+    """Integer-kernel op types (QLinearConv, MatMulIntegerToFloat, QGemm, ...) onnxruntime runs, with counts.
+
+    An empty dict means onnxruntime fused no Q/DQ pattern: the model runs in float.
+    """
+    counts = ort_optimized_op_types(path)
+    return {op: n for op, n in sorted(counts.items()) if op in INT8_KERNEL_OPS or op == "DynamicQuantizeLinear"}
