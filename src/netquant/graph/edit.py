@@ -255,7 +255,8 @@ def _fold_into_gemm(graph: Graph, gemm: Node, bn: Node) -> bool:
 def fold_batchnorm(graph: Graph) -> int:
     """Fold BatchNormalization (inference form, constant params) into a preceding Conv,
     ConvTranspose or Gemm with constant weights:  W' = W * s, b' = (b - mean) * s + beta,
-    s = gamma / sqrt(var + eps).  Returns the number of folded BatchNorms."""
+    s = gamma / sqrt(var + eps).  Constant nodes become initializers first.  Returns the count."""
+    constants_to_initializers(graph)
     count = 0
     for producer, bn in match_chains(graph, ["Conv|ConvTranspose|Gemm", "BatchNormalization"]):
         if producer.domain not in ("", "ai.onnx") or bn.inputs[0] != producer.outputs[0]:
