@@ -19,10 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-try:
-    from netquant.calib import make_observer
-except ImportError:  # calib layer not available yet
-    from netquant.nn._observer_fallback import make_observer
+from netquant.calib import make_observer
 from netquant.core.ops import GradMode, fake_quantize
 from netquant.core.qparams import QParams
 from netquant.core.spec import QuantSpec
@@ -120,7 +117,7 @@ class TensorQuantizer(nn.Module):
     def _check_observer_name(self, observer: str) -> None:
         assert self.spec is not None
         try:
-            make_observer(observer, self.spec, **self.observer_opts)
+            make_observer(observer, self.spec, tensor_name=self.name or "tensor", **self.observer_opts)
         except ConfigError as exc:
             raise ConfigError(f"quantizer '{self.name}': {exc}") from exc
 
@@ -163,7 +160,8 @@ class TensorQuantizer(nn.Module):
 
     def _new_observer(self) -> Any:
         assert self.spec is not None
-        return make_observer(self.observer_name, self.spec, **self.observer_opts)
+        return make_observer(self.observer_name, self.spec, tensor_name=self.name or "tensor",
+                             **self.observer_opts)
 
     # ---- calibration -------------------------------------------------------------------------
     def start_calibration(self, observer: str | None = None, **observer_opts: Any) -> None:
