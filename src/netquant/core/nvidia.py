@@ -7,6 +7,7 @@
 
 Note the scale is the reciprocal of netquant's usual step size (s = amax / max_bound).
 amax <= 2^-24 counts as zero: such values quantize to 0 and the returned scale is 1.
++-Inf inputs saturate to the bounds; NaN inputs stay NaN (as in pytorch-quantization).
 Gradient: straight-through where |x| <= amax, 0 elsewhere; amax gets no gradient.
 """
 
