@@ -23,7 +23,7 @@ from netquant.calib import make_observer
 from netquant.core.ops import GradMode, fake_quantize
 from netquant.core.qparams import QParams
 from netquant.core.spec import QuantSpec
-from netquant.errors import CalibrationError, ConfigError, DataError
+from netquant.errors import CalibrationError, ConfigError
 
 
 class QuantMode(enum.Enum):
@@ -183,10 +183,7 @@ class TensorQuantizer(nn.Module):
         if self._observer is None:
             self._observer = self._new_observer()
             self._observed_batches = 0
-        try:
-            self._observer.observe(x.detach())
-        except DataError as exc:
-            raise type(exc)(f"quantizer '{self.name}': {exc}") from exc
+        self._observer.observe(x.detach())  # observer errors name the quantizer (tensor_name)
         self._observed_batches += 1
 
     @property
@@ -198,10 +195,7 @@ class TensorQuantizer(nn.Module):
         if not self.has_observations:
             raise CalibrationError(f"quantizer '{self.name}' saw no data during calibration; "
                                    "run at least one batch through the model inside calibrate()")
-        try:
-            params = self._observer.compute_params()
-        except DataError as exc:
-            raise type(exc)(f"quantizer '{self.name}': {exc}") from exc
+        params = self._observer.compute_params()
         self.set_params(params)
         return params
 
@@ -265,11 +259,8 @@ class TensorQuantizer(nn.Module):
     def _dynamic_fake_quant(self, x: torch.Tensor) -> torch.Tensor:
         assert self.spec is not None
         observer = self._new_observer()
-        try:
-            observer.observe(x.detach())
-            params = observer.compute_params()
-        except DataError as exc:
-            raise type(exc)(f"dynamic quantizer '{self.name}': {exc}") from exc
+        observer.observe(x.detach())
+        params = observer.compute_params()
         return fake_quantize(x, params.scale.to(x.device), params.zero_point.to(x.device), self.spec,
                              grad_mode=self.grad_mode)
 

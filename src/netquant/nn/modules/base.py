@@ -20,12 +20,18 @@ def make_quantizer(cfg: QuantizerConfig | None, role: QuantizerRole, name: str =
                            role=role, grad_mode=cfg.grad_mode, learnable=False, dynamic=cfg.dynamic, name=name)
 
 
-def retarget_weight_spec(spec: QuantSpec, out_axis: int, in_axis: int, ndim: int) -> QuantSpec:
-    """Per-channel specs follow the layer's output-channel axis, per-group specs its input axis."""
+def retarget_weight_spec(spec: QuantSpec, out_axis: int, in_axis: int, shape: tuple[int, ...]) -> QuantSpec:
+    """Per-channel specs follow the layer's output-channel axis, per-group specs its input axis.
+
+    A per-group spec whose group size does not divide the input axis falls back to per-channel.
+    """
     if spec.granularity is Granularity.PER_CHANNEL:
         return spec.with_(axis=out_axis)
     if spec.granularity is Granularity.PER_GROUP:
-        return spec.with_(axis=in_axis if ndim > 1 else 0)
+        axis = in_axis if len(shape) > 1 else 0
+        if spec.group_size and shape[axis] % spec.group_size == 0:
+            return spec.with_(axis=axis)
+        return spec.with_(granularity=Granularity.PER_CHANNEL, axis=out_axis, group_size=None)
     return spec
 
 
@@ -51,7 +57,7 @@ class QuantModule:
         module: nn.Module = self  # type: ignore[assignment]
         weight = module.weight  # type: ignore[attr-defined]
         spec = None if cfg is None else retarget_weight_spec(cfg.spec, self.weight_out_axis, self.weight_in_axis,
-                                                              weight.dim())
+                                                              tuple(weight.shape))
         module.weight_quantizer = make_quantizer(cfg, QuantizerRole.WEIGHT, spec_override=spec)
 
     def weight_tensors(self) -> list[tuple[TensorQuantizer, nn.Parameter]]:

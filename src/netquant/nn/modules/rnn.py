@@ -33,7 +33,7 @@ class QuantLSTM(nn.LSTM, QuantModule):
         quantizers = {}
         for name in self._weight_names():
             weight = getattr(self, name)
-            spec = None if cfg is None else retarget_weight_spec(cfg.spec, 0, 1, weight.dim())
+            spec = None if cfg is None else retarget_weight_spec(cfg.spec, 0, 1, tuple(weight.shape))
             quantizers[name] = make_quantizer(cfg, QuantizerRole.WEIGHT, spec_override=spec)
         self.weight_quantizers = nn.ModuleDict(quantizers)
 
