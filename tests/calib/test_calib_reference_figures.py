@@ -17,7 +17,7 @@ import torch
 import trt_reference as ref
 
 from netquant.calib import Histogram, make_observer
-from netquant.calib.search import entropy_threshold_bin, percentile_bin
+from netquant.calib.search import entropy_threshold_bin
 from netquant.core.spec import QuantSpec
 
 RTOL = 1e-4

@@ -144,6 +144,11 @@ class Histogram:
     def _fit_grid(self, has: torch.Tensor) -> None:
         """Create or grow each channel's grid so it covers [vmin, vmax]."""
         width = self._target_width(has)
+        self._regrid(*self._bounded_cover(width))
+
+    def _bounded_cover(self, width: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(width, first, last) covering the range; TensorRT grids needing more than max_bins bins
+        get their width multiplied by an integer (adjacent bins summed) back to ~num_bins bins."""
         first, last = self._cover(width)
         if self.grid is GridMode.TENSORRT:
             size = last - first + 1
@@ -152,7 +157,7 @@ class Histogram:
             if bool((factor > 1).any()):
                 width = torch.where(factor > 1, (width * factor).float().double(), width)
                 first, last = self._cover(width)
-        self._regrid(width, first, last)
+        return width, first, last
 
     def _cover(self, width: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """First and last bin index per channel for grid `width` to hold [vmin, vmax] and the old bins."""
@@ -259,6 +264,7 @@ class Histogram:
             else:
                 width = torch.where(self.initialized, self.width, other.width)
                 width = torch.where(has & (width == 0), self._target_width(has), width)
+                width = self._bounded_cover(width)[0]
             first_a, last_a = self._cover(width)
             first_b, last_b = theirs._cover(width)
             first, last = torch.minimum(first_a, first_b), torch.maximum(last_a, last_b)
@@ -271,8 +277,7 @@ class Histogram:
             return
         # TensorRT grids of different widths: spread the other's counts over this grid
         width = torch.where(self.initialized, self.width, other.width)
-        first, last = self._cover(width)
-        self._regrid(width, first, last)
+        self._regrid(*self._bounded_cover(width))
         self.pending_zeros += torch.where(other.initialized, 0.0, other.pending_zeros)
         for c in range(self.channels):
             if not bool(other.initialized[c]):
