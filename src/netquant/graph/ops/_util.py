@@ -20,6 +20,13 @@ ONNX_TO_TORCH: dict[int, torch.dtype] = {
 }
 TORCH_TO_ONNX: dict[torch.dtype, int] = {v: k for k, v in ONNX_TO_TORCH.items()}
 
+# Sub-byte ONNX types, held in a wider torch "stand-in" dtype with the same values (see netquant.graph.dtypes).
+UINT4, INT4, FLOAT4E2M1, UINT2, INT2 = 21, 22, 23, 25, 26
+STAND_IN: dict[int, torch.dtype] = {UINT4: torch.uint8, INT4: torch.int8, FLOAT4E2M1: torch.float32,
+                                    UINT2: torch.uint8, INT2: torch.int8}
+# integer range of each sub-byte integer type
+SUB_BYTE_RANGE: dict[int, tuple[int, int]] = {UINT4: (0, 15), INT4: (-8, 7), UINT2: (0, 3), INT2: (-2, 1)}
+
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz,
           torch.float8_e8m0fnu)
 # Unsigned types with thin torch kernel coverage: computed in int64 and cast back.
@@ -32,6 +39,15 @@ def onnx_dtype(code: int, ctx: OpContext, what: str = "dtype") -> torch.dtype:
         return ONNX_TO_TORCH[int(code)]
     except KeyError:
         raise UnsupportedOpError(ctx.unsupported(f"{what} {code} (no torch dtype)")) from None
+
+
+def elem_type_of(ctx: OpContext, kind: str, index: int) -> int | None:
+    """The declared ONNX element type of a node input/output, when the executor supplies it in
+    ctx.extras["input_elem_types"] / ctx.extras["output_elem_types"] (needed for sub-byte types)."""
+    types = ctx.extras.get(f"{kind}_elem_types")
+    if not types or index >= len(types):
+        return None
+    return types[index]
 
 
 def ints(t: torch.Tensor | Sequence[int] | None) -> list[int]:

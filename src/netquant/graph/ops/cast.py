@@ -8,7 +8,17 @@ import torch
 
 from netquant.errors import UnsupportedOpError
 
-from ._util import FLOAT8, TORCH_TO_ONNX, WIDE_UNSIGNED, onnx_dtype
+from ._util import (
+    FLOAT4E2M1,
+    FLOAT8,
+    STAND_IN,
+    SUB_BYTE_RANGE,
+    TORCH_TO_ONNX,
+    WIDE_UNSIGNED,
+    elem_type_of,
+    onnx_dtype,
+    widen,
+)
 from .registry import OpContext, register_op
 
 Tensor = torch.Tensor
@@ -23,7 +33,7 @@ def to_float8(x: Tensor, dtype: torch.dtype, saturate: bool) -> Tensor:
     to +-max; otherwise they become NaN (fn/fnuz) or inf (e5m2)."""
     xf = x.float() if x.dtype != torch.float64 else x
     if dtype == torch.float8_e8m0fnu:
-        return xf.to(dtype)
+        return to_e8m0(xf, saturate, "up")
     m = _F8_MAX[dtype]
     if saturate:
         return xf.clamp(-m, m).to(dtype)
@@ -36,9 +46,70 @@ def to_float8(x: Tensor, dtype: torch.dtype, saturate: bool) -> Tensor:
     return out.to(dtype)
 
 
-def cast_to(x: Tensor, dtype: torch.dtype, saturate: bool = True) -> Tensor:
+def to_e8m0(x: Tensor, saturate: bool, round_mode: str) -> Tensor:
+    """Power-of-two scale type: keep the float32 exponent, rounding the mantissa up / down / to nearest."""
+    bits = x.float().view(torch.int32)
+    exp = (bits >> 23) & 0xFF
+    special = exp == 0xFF
+    if round_mode == "nearest":
+        g = (bits & 0x400000) != 0
+        r = (bits & 0x200000) != 0
+        st = (bits & 0x1FFFFF) != 0
+        up = g & (r | st | (exp > 0)) & ~special
+    elif round_mode == "up":
+        up = ((bits & 0x7FFFFF) != 0) & ~special
+    elif round_mode == "down":
+        up = torch.zeros_like(special)
+    else:
+        raise UnsupportedOpError(f"Cast: round_mode '{round_mode}' is not supported")
+    if saturate:
+        up = up & (exp != 0xFE)
+    exp = torch.where(special, torch.full_like(exp, 0xFF), (exp + up.to(exp.dtype)) & 0xFF)
+    return exp.to(torch.uint8).view(torch.float8_e8m0fnu)
+
+
+_E2M1_GRID = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+_E2M1_EVEN = (True, False, True, False, True, False, True, False)  # even mantissa wins ties
+
+
+def to_float4_e2m1(x: Tensor) -> Tensor:
+    """Round to the nearest FLOAT4E2M1 value (ties to even mantissa), saturating at +-6; returned in
+    float32 (the stand-in dtype).  NaN -> -0 and +-inf -> +-6, as ml_dtypes / the ONNX reference do."""
+    xf = x.float()
+    grid = torch.tensor(_E2M1_GRID, device=x.device)
+    even = torch.tensor(_E2M1_EVEN, device=x.device)
+    a = xf.abs().nan_to_num(nan=0.0, posinf=6.0).clamp(max=6.0)
+    hi_i = torch.searchsorted(grid, a.contiguous()).clamp(1, len(_E2M1_GRID) - 1)
+    lo_i = hi_i - 1
+    lo, hi = grid[lo_i], grid[hi_i]
+    d_lo, d_hi = a - lo, hi - a
+    pick_hi = (d_hi < d_lo) | ((d_hi == d_lo) & even[hi_i])
+    mag = torch.where(pick_hi, hi, lo)
+    out = torch.where(torch.signbit(xf), -mag, mag)
+    return torch.where(torch.isnan(xf), torch.full_like(xf, -0.0), out)
+
+
+def to_sub_byte(x: Tensor, elem_type: int) -> Tensor:
+    """Cast to a sub-byte ONNX type (value in its stand-in dtype): integers truncate toward zero and wrap
+    modulo 2^bits (NaN/inf -> 0), as numpy's astype to ml_dtypes int4 / uint4 / int2 / uint2 does."""
+    if elem_type == FLOAT4E2M1:
+        return to_float4_e2m1(x.float() if x.dtype in FLOAT8 else x)
+    lo, hi = SUB_BYTE_RANGE[elem_type]
+    span = hi - lo + 1
+    if x.is_floating_point():
+        xf = x.double()
+        xf = torch.where(torch.isfinite(xf), torch.trunc(xf), torch.zeros_like(xf))
+        t = xf.to(torch.int64)
+    else:
+        t = widen(x).to(torch.int64)
+    return (torch.remainder(t - lo, span) + lo).to(STAND_IN[elem_type])
+
+
+def cast_to(x: Tensor, dtype: torch.dtype, saturate: bool = True, round_mode: str = "up") -> Tensor:
     if x.dtype == dtype:
         return x
+    if dtype == torch.float8_e8m0fnu:
+        return to_e8m0(x.float() if x.dtype in FLOAT8 else x, saturate, round_mode)
     if dtype in FLOAT8:
         if x.dtype in FLOAT8:
             x = x.float()
@@ -63,12 +134,18 @@ def _target(ctx: OpContext, attrs: dict[str, Any]) -> torch.dtype:
 
 @register_op("Cast")
 def cast(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-    return [cast_to(inputs[0], _target(ctx, attrs), bool(attrs.get("saturate", 1)))]
+    to = attrs["to"]
+    if isinstance(to, int) and to in STAND_IN:
+        return [to_sub_byte(inputs[0], to)]
+    return [cast_to(inputs[0], _target(ctx, attrs), bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up"))]
 
 
 @register_op("CastLike")
 def cast_like(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-    return [cast_to(inputs[0], inputs[1].dtype, bool(attrs.get("saturate", 1)))]
+    target = elem_type_of(ctx, "input", 1)
+    if target in STAND_IN:
+        return [to_sub_byte(inputs[0], target)]
+    return [cast_to(inputs[0], inputs[1].dtype, bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up"))]
 
 
 @register_op("BitCast")

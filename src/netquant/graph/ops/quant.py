@@ -12,8 +12,8 @@ import torch
 
 from netquant.errors import UnsupportedOpError
 
-from ._util import FLOAT8, axis_of, onnx_dtype, opt
-from .cast import to_float8
+from ._util import FLOAT4E2M1, FLOAT8, STAND_IN, SUB_BYTE_RANGE, axis_of, elem_type_of, onnx_dtype, opt
+from .cast import to_float4_e2m1, to_float8
 from .conv import conv_nd
 from .registry import OpContext, register_op
 
@@ -37,15 +37,23 @@ def broadcast_param(p: Tensor, x: Tensor, axis: int, block_size: int) -> Tensor:
     return p.reshape(shape)
 
 
-def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, dtype: torch.dtype, saturate: bool = True) -> Tensor:
-    """q = saturate(round(x / scale) + zp) for an integer dtype, or x / scale cast to a float8 dtype."""
+def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, dtype: torch.dtype, saturate: bool = True,
+             elem_type: int | None = None) -> Tensor:
+    """q = saturate(round(x / scale) + zp) for an integer dtype, or x / scale cast to a float8 dtype.
+    elem_type: a sub-byte ONNX type (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) held in its stand-in dtype."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     v = x.to(compute) / scale.to(compute)
+    if elem_type == FLOAT4E2M1:
+        return to_float4_e2m1(v)
     if dtype in FLOAT8:
         return to_float8(v, dtype, saturate)
-    if dtype not in _INT_RANGE:
+    if elem_type in SUB_BYTE_RANGE:
+        lo, hi = SUB_BYTE_RANGE[elem_type]
+        dtype = STAND_IN[elem_type]
+    elif dtype not in _INT_RANGE:
         raise UnsupportedOpError(f"QuantizeLinear: output type {dtype} is not supported")
-    lo, hi = _INT_RANGE[dtype]
+    else:
+        lo, hi = _INT_RANGE[dtype]
     q = torch.round(v)
     if zp is not None:
         q = q + zp.to(compute)
@@ -53,7 +61,7 @@ def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, dtype: torch.dtype, sa
 
 
 def dequantize(q: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
-    if q.dtype in FLOAT8:
+    if q.dtype in FLOAT8 or q.is_floating_point():
         return q.to(scale.dtype) * scale
     v = q.to(torch.int32) if q.dtype != torch.int32 else q
     if zp is not None:
@@ -65,17 +73,23 @@ def dequantize(q: Tensor, scale: Tensor, zp: Tensor | None) -> Tensor:
 def quantize_linear(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     x, scale, zp = inputs[0], inputs[1], opt(inputs, 2)
     axis, block = attrs.get("axis", 1), attrs.get("block_size", 0)
+    elem = elem_type_of(ctx, "output", 0)
     if zp is not None:
         dtype = zp.dtype
-    elif "output_dtype" in attrs and attrs["output_dtype"]:
-        dtype = onnx_dtype(attrs["output_dtype"], ctx, "output_dtype")
+        elem = elem_type_of(ctx, "input", 2) or elem
+    elif attrs.get("output_dtype"):
+        elem = int(attrs["output_dtype"])
+        dtype = STAND_IN[elem] if elem in STAND_IN else onnx_dtype(elem, ctx, "output_dtype")
     else:
         dtype = torch.uint8
-    if dtype not in _INT_RANGE and dtype not in FLOAT8:
+    if elem not in STAND_IN:
+        elem = None
+    if elem is None and dtype not in _INT_RANGE and dtype not in FLOAT8:
         raise UnsupportedOpError(ctx.unsupported(f"output type {dtype}"))
     s = broadcast_param(scale, x, axis, block)
-    z = broadcast_param(zp, x, axis, block) if zp is not None and dtype not in FLOAT8 else None
-    return [quantize(x, s, z, dtype, bool(attrs.get("saturate", 1)))]
+    z = broadcast_param(zp, x, axis, block) if zp is not None and dtype not in FLOAT8 and \
+        elem != FLOAT4E2M1 else None
+    return [quantize(x, s, z, dtype, bool(attrs.get("saturate", 1)), elem)]
 
 
 @register_op("DequantizeLinear")

@@ -521,13 +521,27 @@ def identity(inputs: list[Any], attrs: dict[str, Any], ctx: OpContext) -> list[A
 
 @register_op("Col2Im")
 def col2im(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-    x, image_shape, block_shape = inputs[0], ints(inputs[1]), ints(inputs[2])
-    nd = len(image_shape)
-    if nd != 2:
-        raise UnsupportedOpError(ctx.unsupported(f"{nd}-D images (only 2-D)"))
-    dil = attrs.get("dilations", [1] * nd)
-    pads = attrs.get("pads", [0] * 2 * nd)
-    strides = attrs.get("strides", [1] * nd)
-    if pads[:nd] != pads[nd:]:
-        raise UnsupportedOpError(ctx.unsupported("asymmetric pads"))
-    return [F.fold(x, image_shape, block_shape, dilation=dil, padding=pads[:nd], stride=strides)]
+    """Sum column blocks [N, C * prod(block), L] back into an image [N, C, *image_shape] (N-D F.fold)."""
+    x, image, block = inputs[0], ints(inputs[1]), ints(inputs[2])
+    nd = len(image)
+    dil = ints(attrs.get("dilations", [1] * nd))
+    pads = ints(attrs.get("pads", [0] * 2 * nd))
+    strides = ints(attrs.get("strides", [1] * nd))
+    if nd == 2 and pads[:2] == pads[2:]:
+        return [F.fold(x, image, block, dilation=dil, padding=pads[:nd], stride=strides)]
+    padded = [image[i] + pads[i] + pads[i + nd] for i in range(nd)]
+    counts = [(padded[i] - (dil[i] * (block[i] - 1) + 1)) // strides[i] + 1 for i in range(nd)]
+    dev = x.device
+    kgrid = torch.meshgrid(*[torch.arange(k, device=dev) for k in block], indexing="ij")
+    bgrid = torch.meshgrid(*[torch.arange(c, device=dev) for c in counts], indexing="ij")
+    flat = torch.zeros(math.prod(block), math.prod(counts), dtype=torch.int64, device=dev)
+    for i in range(nd):
+        coord = kgrid[i].reshape(-1, 1) * dil[i] + bgrid[i].reshape(1, -1) * strides[i]
+        flat = flat * padded[i] + coord
+    n = x.shape[0]
+    c = x.shape[1] // math.prod(block)
+    cols = x.reshape(n, c, -1)
+    out = torch.zeros(n, c, math.prod(padded), dtype=x.dtype, device=dev)
+    out = out.scatter_add(2, flat.reshape(1, 1, -1).expand(n, c, -1), cols)
+    out = out.reshape(n, c, *padded)
+    return [out[(slice(None), slice(None), *[slice(pads[i], pads[i] + image[i]) for i in range(nd)])]]
