@@ -26,7 +26,7 @@ from netquant.nn import _qdq_op  # noqa: F401  (registers netquant::qdq)
 from netquant.nn.convert import name_quantizers, quant_modules, quantizers
 from netquant.nn.quantizer import EXPORTING, QuantMode
 
-MIN_OPSET = 13
+MIN_OPSET = 18  # torch.onnx's torch.export-based exporter emits opset 18 or later
 def _qdq_translation(opset: int) -> Any:
     op = onnxscript_values.Opset("", opset)
 
@@ -48,14 +48,14 @@ def _check_exportable(model: nn.Module) -> None:
         raise ExportError(f"export_onnx: quantizers still in calibration mode: {', '.join(calibrating)}; "
                           "leave the `with calibrate(model):` block before exporting")
     active = [(n, q) for n, q in quantizers(model) if q.mode is QuantMode.QUANTIZE]
+    dynamic = [n for n, q in active if q.dynamic]
+    if dynamic:
+        raise ExportError(f"export_onnx: dynamic (per-batch) quantizers cannot be exported as static QDQ: "
+                          f"{', '.join(dynamic)}; calibrate a static model instead")
     uncalibrated = [n for n, q in active if not q.is_calibrated]
     if uncalibrated:
         raise ExportError(f"export_onnx: {len(uncalibrated)} quantizer(s) have no params: "
                           f"{', '.join(uncalibrated)}; calibrate the model before exporting")
-    dynamic = [n for n, q in active if q.dynamic]
-    if dynamic:
-        raise ExportError(f"export_onnx: dynamic (per-batch) quantizers cannot be exported as static QDQ: "
-                          f"{', '.join(dynamic)}")
 
 
 def _install_plans(model: nn.Module, opset: int) -> list[Any]:
@@ -112,6 +112,9 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
             )
         proto = program.model_proto
         onnx.checker.check_model(proto)
+        produced = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+        if produced != opset:
+            raise ExportError(f"export_onnx: asked for opset {opset} but torch.onnx produced opset {produced}")
     except ExportError:
         raise
     except Exception as exc:  # torch.onnx raises many kinds; report them as one

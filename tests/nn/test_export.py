@@ -1,0 +1,134 @@
+"""QDQ ONNX export: onnxruntime reproduces the fake-quant model for every preset; errors; atomic writes."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch import nn
+
+import netquant.nn as nqnn
+from netquant.core.spec import QuantSpec, RoundingPolicy
+from netquant.errors import ExportError
+from netquant.nn.config import LayerQuantConfig, QuantizerConfig, QuantRule
+
+
+def _model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AvgPool2d(2), nn.Flatten(),
+                         nn.Linear(8 * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 4))
+
+
+def _calibrated(cfg: nqnn.ModelQuantConfig, x: torch.Tensor) -> nn.Module:
+    q = nqnn.quantize_model(_model(), cfg)
+    with nqnn.calibrate(q):
+        q(x)
+    return q
+
+
+def _run_literal(path, x: torch.Tensor) -> np.ndarray:
+    """onnxruntime without graph fusion: the Q/DQ nodes are computed as written."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    return session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+
+
+PRESETS = {
+    "int8": (nqnn.ModelQuantConfig.int8_tensorrt(), 21, "INT8"),
+    "int8_opset18": (nqnn.ModelQuantConfig.int8_tensorrt(), 18, "INT8"),
+    "w4a4_opset18": (nqnn.ModelQuantConfig.w4a4(activation_observer="minmax"), 18, "INT8"),  # int8 + clamp
+    "w4a4": (nqnn.ModelQuantConfig.w4a4(activation_observer="minmax"), 21, "INT4"),
+    "w4a16_per_group": (nqnn.ModelQuantConfig.w4a16(group_size=16), 21, "INT4"),
+    "fp8": (nqnn.ModelQuantConfig.fp8(), 21, "FLOAT8E4M3FN"),
+}
+
+
+@pytest.mark.parametrize("preset", list(PRESETS))
+def test_onnxruntime_matches_fake_quant_model(preset, tmp_path):
+    cfg, opset, qtype = PRESETS[preset]
+    x = torch.rand(6, 3, 8, 8)
+    q = _calibrated(cfg, x)
+    path = nqnn.export_onnx(q, x[:2], tmp_path / f"{preset}.onnx", opset=opset)
+    proto = onnx.load(path)
+    assert proto.opset_import[0].version == opset
+    q_nodes = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
+    assert q_nodes
+    # the integer type of the Q outputs (zero-point initializers / constants carry it)
+    zp_types = set()
+    inits = {i.name: i for i in proto.graph.initializer}
+    for node in q_nodes:
+        if len(node.input) > 2 and node.input[2] in inits:
+            zp_types.add(onnx.TensorProto.DataType.Name(inits[node.input[2]].data_type))
+    assert qtype in zp_types, zp_types
+    if preset == "w4a16_per_group":
+        blocks = [a.i for n in q_nodes for a in n.attribute if a.name == "block_size"]
+        assert 16 in blocks
+    with torch.no_grad():
+        ref = q(x).numpy()
+    got = _run_literal(path, x)  # dynamic batch: 6 rows through a model exported with 2
+    close = np.isclose(got, ref, rtol=1e-4, atol=1e-4)
+    assert close.mean() >= 0.95, (preset, close.mean(), np.abs(got - ref).max())
+    assert np.abs(got - ref).max() < 0.1 * np.abs(ref).max()
+
+
+def test_weights_exported_exactly_for_any_rounding(tmp_path):
+    spec = QuantSpec.int8_per_channel(axis=0, narrow_range=True, rounding=RoundingPolicy.ROUND_HALF_UP)
+    layer = LayerQuantConfig(weight=QuantizerConfig(spec))
+    q = nqnn.quantize_model(nn.Linear(16, 4), nqnn.ModelQuantConfig((QuantRule(layer=layer),)))
+    x = torch.randn(3, 16)
+    path = nqnn.export_onnx(q, x, tmp_path / "w.onnx")
+    with torch.no_grad():
+        np.testing.assert_allclose(_run_literal(path, x), q(x).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_reduced_bit_activations_get_a_clamp(tmp_path):
+    act = QuantizerConfig(QuantSpec(bits=6, signed=False, symmetric=False))
+    q = nqnn.quantize_model(nn.Linear(8, 3), nqnn.ModelQuantConfig((QuantRule(layer=LayerQuantConfig(input=act)),)))
+    calib = torch.randn(32, 8)
+    with nqnn.calibrate(q):
+        q(calib)
+    x = calib * 3  # outside the calibrated range: the 6-bit clamp matters
+    path = nqnn.export_onnx(q, x, tmp_path / "a6.onnx", opset=18)
+    with torch.no_grad():
+        np.testing.assert_allclose(_run_literal(path, x), q(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_uncalibrated_quantizers_are_named_and_nothing_is_written(tmp_path):
+    q = nqnn.quantize_model(_model())
+    target = tmp_path / "m.onnx"
+    with pytest.raises(ExportError, match=r"0\.input_quantizer.*4\.input_quantizer"):
+        nqnn.export_onnx(q, torch.rand(2, 3, 8, 8), target)
+    assert not target.exists() and list(tmp_path.iterdir()) == []
+
+
+def test_export_errors(tmp_path):
+    x = torch.rand(2, 3, 8, 8)
+    q = _calibrated(nqnn.ModelQuantConfig.int8_tensorrt(), x)
+    with pytest.raises(ExportError, match="opset"):
+        nqnn.export_onnx(q, x, tmp_path / "m.onnx", opset=11)
+    with pytest.raises(ExportError, match="does not exist"):
+        nqnn.export_onnx(q, x, tmp_path / "missing" / "m.onnx")
+    w4 = _calibrated(nqnn.ModelQuantConfig.w4a16(group_size=16), x)
+    with pytest.raises(ExportError, match="per-group.*opset >= 21"):
+        nqnn.export_onnx(w4, x, tmp_path / "m.onnx", opset=18)
+    fp8 = _calibrated(nqnn.ModelQuantConfig.fp8(), x)
+    with pytest.raises(ExportError, match="FP8.*opset >= 19"):
+        nqnn.export_onnx(fp8, x, tmp_path / "m.onnx", opset=18)
+    with pytest.raises(ExportError, match="calibration mode"), nqnn.calibrate(q):
+        nqnn.export_onnx(q, x, tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+    torch.testing.assert_close(q(x), q(x))  # the model still runs after the failures
+
+
+def test_overwrite_is_atomic_and_deterministic(tmp_path):
+    x = torch.rand(2, 3, 8, 8)
+    q = _calibrated(nqnn.ModelQuantConfig.int8_tensorrt(), x)
+    path = tmp_path / "m.onnx"
+    nqnn.export_onnx(q, x, path)
+    first = path.read_bytes()
+    nqnn.export_onnx(q, x, path)
+    assert path.read_bytes() == first
+    assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
