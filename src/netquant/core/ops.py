@@ -211,7 +211,7 @@ def _int_codes(x: torch.Tensor, s: torch.Tensor, z: torch.Tensor | None, spec: Q
     because on CPU the cost of fresh pages dominates these memory-bound loops.
     """
     t = torch.mul(x, torch.reciprocal(s))
-    t = round_with_policy_(t, spec.rounding)
+    t = round_with_policy_(t, spec.rounding, sign_source=x)  # t = x / s has the signs of x
     if _is_wide(spec):
         t = t.to(torch.float64)
     if z is not None:

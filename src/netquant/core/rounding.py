@@ -15,9 +15,9 @@ Non-ties round to the nearest integer for all policies except ROUND_UP (ceil).
 ROUND_TO_NEAR_INT follows PPQ's definition (``ppq_numerical_round`` and its CUDA kernel, where it
 falls back to C ``round``), so it equals ROUND_HALF_FAR_FROM_ZERO.
 
-The implementations avoid ``floor(x + 0.5)``, which is wrong for 0.49999997 and 1.4999999 (the sum
-rounds up to the next integer) and for odd integers >= 2^23; they decide on the fractional part
-``x - trunc(x)``, which is exact in floating point (``x - floor(x)`` is not for small negative x).
+The implementations avoid ``floor(x + 0.5)``, which is wrong for 0.49999997 (the sum rounds up to
+1.0) and for odd integers in [2^23, 2^24); they start from r = round_half_even(x) and correct the
+ties using d = x - r, which is exact in floating point and equals +-1/2 exactly on ties.
 """
 
 from __future__ import annotations
@@ -27,39 +27,46 @@ import torch
 from netquant.core.spec import RoundingPolicy
 from netquant.errors import ConfigError
 
-# For each policy, the fractional part d = x - trunc(x) (exact in floating point, sign of x) decides:
-# round away from zero when d >= hi_pos (x > 0) or d <= lo_neg (x < 0); `True` bounds include the tie.
-_TIE_AWAY = {  # (tie goes up for positive x, tie goes down for negative x)
-    RoundingPolicy.ROUND_HALF_UP: (True, False),
-    RoundingPolicy.ROUND_HALF_DOWN: (False, True),
-    RoundingPolicy.ROUND_HALF_TOWARDS_ZERO: (False, False),
-    RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO: (True, True),
-    RoundingPolicy.ROUND_TO_NEAR_INT: (True, True),
-}
+
+def _round_half_up_(x: torch.Tensor) -> torch.Tensor:
+    """r + max(floor(2d), 0) with r = round_half_even(x), d = x - r in [-1/2, 1/2] (exact)."""
+    r = torch.round(x)
+    d = x.sub_(r).mul_(2).floor_().clamp_min_(0).nan_to_num_(0.0)  # 1 where d == 1/2 (tie rounded down)
+    return r.add_(d)
 
 
-def _round_ties_(x: torch.Tensor, pos_tie_up: bool, neg_tie_down: bool) -> torch.Tensor:
-    """trunc(x) + [d > .5 or (d == .5 and pos_tie_up)] - [d < -.5 or (d == -.5 and neg_tie_down)]."""
-    t = torch.trunc(x)
-    d = x.sub_(t)  # exact fractional part (NaN for +-Inf, which then compares False)
-    t.add_(d.ge(0.5) if pos_tie_up else d.gt(0.5))
-    t.add_(d.le(-0.5) if neg_tie_down else d.lt(-0.5), alpha=-1)
-    return t
+def _round_half_down_(x: torch.Tensor) -> torch.Tensor:
+    """r + min(ceil(2d), 0): -1 where d == -1/2 (tie rounded up)."""
+    r = torch.round(x)
+    d = x.sub_(r).mul_(2).ceil_().clamp_max_(0).nan_to_num_(0.0)
+    return r.add_(d)
 
 
-def round_with_policy_(x: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
-    """Round a floating tensor to integers by `policy`; may reuse `x` as scratch (pass a temporary).
+def round_with_policy_(x: torch.Tensor, policy: RoundingPolicy,
+                       sign_source: torch.Tensor | None = None) -> torch.Tensor:
+    """Round a floating tensor to integers by `policy`, using `x` as scratch (pass a temporary).
 
-    Returns the rounded tensor (possibly `x` itself). NaN and +-Inf pass through unchanged.
+    Returns the rounded tensor (`x` itself or a new one). Policies that treat ties by their sign
+    (towards / far from zero) need the sign of the original values: `sign_source` (any tensor of the
+    same shape and signs, e.g. the input that `x` was scaled from by a positive factor), else a copy
+    is taken. Only same-dtype, in-place float ops are used (mixed bool/float ops are slow on CPU).
+    NaN and +-Inf pass through unchanged.
     """
     if policy is RoundingPolicy.ROUND_HALF_EVEN:
         return x.round_()
     if policy is RoundingPolicy.ROUND_UP:
         return x.ceil_()
-    ties = _TIE_AWAY.get(policy)
-    if ties is None:  # pragma: no cover - enum is closed
-        raise ConfigError(f"unknown rounding policy {policy!r}; use a netquant.RoundingPolicy member")
-    return _round_ties_(x, *ties)
+    if policy is RoundingPolicy.ROUND_HALF_UP:
+        return _round_half_up_(x)
+    if policy is RoundingPolicy.ROUND_HALF_DOWN:
+        return _round_half_down_(x)
+    if policy in (RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO, RoundingPolicy.ROUND_TO_NEAR_INT,
+                  RoundingPolicy.ROUND_HALF_TOWARDS_ZERO):
+        sign = x.clone() if sign_source is None else sign_source
+        x = x.abs_()
+        r = _round_half_down_(x) if policy is RoundingPolicy.ROUND_HALF_TOWARDS_ZERO else _round_half_up_(x)
+        return r.copysign_(sign)
+    raise ConfigError(f"unknown rounding policy {policy!r}; use a netquant.RoundingPolicy member")
 
 
 def round_with_policy(x: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
@@ -68,4 +75,4 @@ def round_with_policy(x: torch.Tensor, policy: RoundingPolicy) -> torch.Tensor:
         raise ConfigError(f"rounding policy must be a netquant.RoundingPolicy, got {policy!r}")
     if not x.is_floating_point():
         return x.clone()
-    return round_with_policy_(x.clone(), policy)
+    return round_with_policy_(x.clone(), policy, sign_source=x)
