@@ -8,10 +8,14 @@ output [p(0 deg), p(180 deg)].
 from __future__ import annotations
 
 import math
+import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 from PIL import Image
 
 from netquant.data.text_render import TextLine
@@ -97,3 +101,47 @@ def score_lines(predicted: Sequence[str], truth: Sequence[str]) -> OcrScore:
     errors = sum(edit_distance(p.strip(), t.strip()) for p, t in zip(predicted, truth))
     chars = max(1, sum(len(t.strip()) for t in truth))
     return OcrScore(exact / max(1, len(truth)), max(0.0, 1.0 - errors / chars), len(truth))
+
+
+# ---- running the models in onnxruntime ------------------------------------------------------------
+
+def ort_session(path: str | Path, threads: int = 0) -> ort.InferenceSession:
+    """onnxruntime CPU session; threads=0 lets onnxruntime choose."""
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def run_batched(sess: ort.InferenceSession, x: np.ndarray, batch: int = 16) -> np.ndarray:
+    """First output of `sess` on `x`, fed in batches."""
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: x[i:i + batch]})[0] for i in range(0, len(x), batch)])
+
+
+def rec_score(path: str | Path, x: np.ndarray, truth: Sequence[str], dictionary: Sequence[str],
+              threads: int = 0) -> OcrScore:
+    """Exact-line and character accuracy of the recognizer file at `path` on inputs `x`."""
+    probs = run_batched(ort_session(path, threads), x)
+    return score_lines(ctc_greedy_decode(probs, dictionary), truth)
+
+
+def cls_accuracy(path: str | Path, x: np.ndarray, labels: np.ndarray, threads: int = 0) -> float:
+    """Share of samples whose argmax (0 = upright, 1 = rotated 180) matches `labels`."""
+    probs = run_batched(ort_session(path, threads), x)
+    return float((probs.argmax(axis=1) == labels).mean())
+
+
+def latency_ms(path: str | Path, x1: np.ndarray, repeats: int = 30, warmup: int = 3) -> float:
+    """Median latency (ms) of one run on `x1` (batch 1), one thread, after warm-up."""
+    sess = ort_session(path, threads=1)
+    name = sess.get_inputs()[0].name
+    for _ in range(warmup):
+        sess.run(None, {name: x1})
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        sess.run(None, {name: x1})
+        times.append(time.perf_counter() - t)
+    return 1000 * statistics.median(times)

@@ -1,0 +1,35 @@
+"""Shared CLI helpers."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from netquant.errors import NetquantError
+
+
+def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Show netquant errors as one red line and exit with status 1 (no traceback)."""
+
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except NetquantError as exc:
+            from rich.console import Console
+            from rich.text import Text
+
+            Console(stderr=True, highlight=False, soft_wrap=True).print(
+                Text.assemble((f"Error ({type(exc).__name__}): ", "bold red"), str(exc)))
+            sys.exit(1)
+
+    return wrapper
+
+
+def warn(console: Any, message: str) -> None:
+    """Print a yellow 'warning:' line; the message is plain text (no rich markup)."""
+    from rich.text import Text
+
+    console.print(Text.assemble(("warning: ", "yellow"), message), soft_wrap=True)

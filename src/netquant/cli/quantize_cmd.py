@@ -1,0 +1,155 @@
+"""`netquant quantize MODEL.onnx --platform NAME --calib PATH -o OUT.onnx`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from netquant.cli.common import friendly_errors, warn
+from netquant.data.calib import ChannelOrder, ImageOptions, Layout, load_calibration, model_inputs
+from netquant.errors import DataError
+
+
+def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(v) for v in text.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise DataError(f"--{what} must be comma-separated numbers like 0.485,0.456,0.406; got '{text}'") from None
+
+
+@dataclass
+class RunFacts:
+    """What the summary table shows."""
+
+    model: Path
+    output: Path
+    platform: str
+    samples: int
+    ops_total: int
+    ops_quantized: int
+    by_type: dict[str, int]
+    int8_kernels: dict[str, int] | None
+    fp32_bytes: int
+    int8_bytes: int
+    opset: str
+    cosine: dict[str, float]
+    seconds: dict[str, float]
+    extra_files: list[Path] = field(default_factory=list)
+
+
+def summary_table(f: RunFacts) -> Table:
+    t = Table(title=f"netquant: {f.model.name} -> {f.output.name}", show_header=False)
+    t.add_column("what", style="bold")
+    t.add_column("value", overflow="fold")
+    t.add_row("platform", f.platform)
+    t.add_row("calibration samples", str(f.samples))
+    by_type = ", ".join(f"{k} {v}" for k, v in f.by_type.items())
+    t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
+    kernels = f.int8_kernels
+    t.add_row("int8 kernels in onnxruntime",
+              "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
+                                                     or "none: onnxruntime runs this model in float"))
+    t.add_row("file size", f"{f.fp32_bytes / 1e6:.2f} MB -> {f.int8_bytes / 1e6:.2f} MB "
+                           f"({f.fp32_bytes / max(1, f.int8_bytes):.1f}x smaller)")
+    t.add_row("opset", f.opset)
+    t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
+    t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
+    for p in f.extra_files:
+        t.add_row("also wrote", str(p))
+    return t
+
+
+@click.command()
+@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--platform", "platform_name", default="onnxruntime_int8", show_default=True,
+              help="Target platform (see `netquant platforms`).")
+@click.option("--calib", required=True, help="Folder of images, .npy/.npz file or folder, or 'random'.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Quantized ONNX (QDQ) file to write.")
+@click.option("--num-calib", type=click.IntRange(min=1), default=None, help="Use at most this many samples.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
+@click.option("--observer", default=None, help="Activation observer (default: the platform's).")
+@click.option("--weight-observer", default=None, help="Weight observer (default: the platform's).")
+@click.option("--per-channel/--per-tensor", default=None, help="Weight granularity (default: the platform's).")
+@click.option("--fp32-ops", multiple=True, help="Ops kept in float: op type, 'name:NODE', 'glob:*head*' "
+              "or 're:...'; repeat or separate with commas.")
+@click.option("--strict", is_flag=True, help="Fail on ops the platform cannot quantize (default: keep FP32, warn).")
+@click.option("--quiet", "-q", is_flag=True, help="No progress bars or summary.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write every tensor's quantization params as JSON.")
+@click.option("--trt-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write a TensorRT calibration cache.")
+@click.option("--opset", type=int, default=None, help="Opset of the exported model (default: max(13, model's)).")
+@click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (dynamic-shape models).")
+@click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (dynamic-shape models).")
+@click.option("--mean", default="0,0,0", show_default=True, help="Per-channel mean of pixel/255.")
+@click.option("--std", default="1,1,1", show_default=True, help="Per-channel std of pixel/255.")
+@click.option("--channel-order", type=click.Choice(["rgb", "bgr"], case_sensitive=False), default="rgb",
+              show_default=True)
+@click.option("--layout", type=click.Choice(["nchw", "nhwc"], case_sensitive=False), default="nchw",
+              show_default=True)
+@click.option("--keep-aspect", is_flag=True, help="Resize images to the height, keep aspect, pad right.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed for --calib random.")
+@friendly_errors
+def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
+             observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
+             strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, opset: int | None,
+             height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
+             keep_aspect: bool, seed: int) -> None:
+    """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
+    import netquant
+    from netquant.export import export_qdq, export_quant_params_json, export_trt_calibration_cache
+    from netquant.platforms import get_platform
+
+    console = Console(stderr=True, quiet=quiet)
+    t0 = time.perf_counter()
+    platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
+    inputs = model_inputs(model)
+    opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
+                        std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),
+                        layout=Layout(layout.lower()), keep_aspect_pad=keep_aspect)
+    with console.status("loading calibration data"):
+        data = load_calibration(calib, inputs, image_options=opts, limit=num_calib, seed=seed)
+    samples = len(next(iter(data.values())))
+    t_data = time.perf_counter()
+    settings = {"batch_size": batch_size, "strict": strict, "quiet": quiet,
+                "force_fp32": tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())}
+    if observer:
+        settings["activation_observer"] = observer
+    if weight_observer:
+        settings["weight_observer"] = weight_observer
+    if per_channel is not None:
+        settings["per_channel"] = per_channel
+    qmodel = netquant.quantize_onnx(str(model), data, platform=platform, **settings)
+    for w in qmodel.warnings:
+        warn(console, w)
+    t_quant = time.perf_counter()
+    with console.status(f"exporting and validating {output}"):
+        report = export_qdq(qmodel.qgraph, output, opset=opset)
+    extra = []
+    if json_path is not None:
+        extra.append(export_quant_params_json(qmodel.qgraph, json_path))
+    if trt_cache is not None:
+        extra.append(export_trt_calibration_cache(qmodel.qgraph, trt_cache))
+    t_end = time.perf_counter()
+    summary = qmodel.summary()
+    facts = RunFacts(
+        model=model, output=output, platform=platform.name, samples=samples, ops_total=summary["ops"],
+        ops_quantized=summary["quantized_ops"], by_type=summary["quantized_by_type"],
+        int8_kernels=report.int8_kernels, fp32_bytes=model.stat().st_size, int8_bytes=report.size_bytes,
+        opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
+        cosine=report.output_cosine,
+        seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
+                 "total": t_end - t0},
+        extra_files=extra)
+    for w in report.warnings:
+        warn(console, w)
+    if not quiet:
+        Console().print(summary_table(facts))

@@ -1,0 +1,274 @@
+"""Calibration data from disk: a folder of images, .npy / .npz files, or random data (smoke tests).
+
+Images: x = (pixel / 255 - mean) / std per channel, resized to the model's H x W, channel order
+RGB or BGR, layout NCHW or NHWC.  Arrays: every .npy holds samples (N, ...) or one sample (...);
+every .npz holds one array per model input (or one unnamed array for single-input models).
+Results are a dict {input name: float32 array (N, ...)} that quantize_onnx accepts.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from netquant.errors import CalibrationError, DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+
+
+class ChannelOrder(enum.Enum):
+    RGB = "rgb"
+    BGR = "bgr"
+
+
+class Layout(enum.Enum):
+    NCHW = "nchw"
+    NHWC = "nhwc"
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """A model input as the loaders need it: name, shape (None / str = dynamic dim) and numpy dtype."""
+
+    name: str
+    shape: tuple[int | str | None, ...] | None
+    dtype: np.dtype = np.dtype(np.float32)
+
+    def describe(self) -> str:
+        dims = "?" if self.shape is None else ", ".join(str(d) if isinstance(d, int) else "?" for d in self.shape)
+        return f"'{self.name}' [{dims}] {self.dtype}"
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How image files become model input: x = (pixel / 255 - mean) / std."""
+
+    height: int | None = None  # None: from the model's static input shape
+    width: int | None = None
+    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
+    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    channel_order: ChannelOrder = ChannelOrder.RGB
+    layout: Layout = Layout.NCHW
+    keep_aspect_pad: bool = False  # resize to height, keep aspect ratio, zero-pad on the right (OCR lines)
+
+    def __post_init__(self) -> None:
+        if len(self.mean) != len(self.std):
+            raise DataError(f"mean has {len(self.mean)} values but std has {len(self.std)}; give one per channel")
+        if any(s == 0 for s in self.std):
+            raise DataError(f"std {self.std} contains 0; every channel's std must be non-zero")
+
+
+def model_inputs(model_path: str | Path) -> list[ModelInput]:
+    """Non-initializer inputs of an ONNX model file (names, shapes, dtypes)."""
+    import onnx
+    from onnx import helper
+
+    from netquant.errors import ModelError
+
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except Exception as exc:
+        raise ModelError(f"cannot read ONNX model '{model_path}': {exc}") from exc
+    inits = {t.name for t in model.graph.initializer}
+    out = []
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        tt = v.type.tensor_type
+        shape = None
+        if tt.HasField("shape"):
+            shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
+        out.append(ModelInput(v.name, shape, dtype))
+    return out
+
+
+def _static(dim: int | str | None) -> int | None:
+    return dim if isinstance(dim, int) and dim > 0 else None
+
+
+def _image_geometry(inp: ModelInput, opts: ImageOptions) -> tuple[int, int, int]:
+    """(channels, height, width) for image loading, from the options or the model's static shape."""
+    if inp.shape is None or len(inp.shape) != 4:
+        raise DataError(f"image calibration needs a 4-d image input; model input {inp.describe()} is not "
+                        "one. Use .npy/.npz calibration files instead")
+    if opts.layout is Layout.NCHW:
+        c, h, w = (_static(d) for d in inp.shape[1:])
+    else:
+        h, w, c = (_static(d) for d in inp.shape[1:])
+    c = c or len(opts.mean)
+    h, w = opts.height or h, opts.width or w
+    if h is None or w is None:
+        raise DataError(f"model input {inp.describe()} has a dynamic height/width; give the image size "
+                        "(--height / --width, or ImageOptions(height=..., width=...))")
+    if c not in (1, 3):
+        raise DataError(f"model input {inp.describe()} has {c} channels in layout {opts.layout.name}; "
+                        "images give 1 or 3 (check --layout)")
+    if len(opts.mean) not in (1, c):
+        raise DataError(f"mean/std give {len(opts.mean)} values but input {inp.describe()} has {c} channels")
+    return c, h, w
+
+
+def load_image(path: Path, channels: int, height: int, width: int, opts: ImageOptions) -> np.ndarray:
+    """One image file -> (C, H, W) float32 normalized (channel order applied)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGB" if channels == 3 else "L")
+            if opts.keep_aspect_pad:
+                new_w = min(width, max(1, int(np.ceil(height * im.width / im.height))))
+                im = im.resize((new_w, height), Image.BILINEAR)
+            else:
+                im = im.resize((width, height), Image.BILINEAR)
+            arr = np.asarray(im, dtype=np.float32)
+    except (UnidentifiedImageError, OSError) as exc:
+        raise DataError(f"cannot read image '{path}': {exc}") from exc
+    if arr.ndim == 2:
+        arr = arr[:, :, None]
+    if channels == 3 and opts.channel_order is ChannelOrder.BGR:
+        arr = arr[:, :, ::-1]
+    mean = np.asarray(opts.mean, dtype=np.float32).reshape(1, 1, -1)
+    std = np.asarray(opts.std, dtype=np.float32).reshape(1, 1, -1)
+    arr = (arr / 255.0 - mean) / std
+    out = np.zeros((height, width, channels), dtype=np.float32)
+    out[:, : arr.shape[1], :] = arr
+    return out.transpose(2, 0, 1)
+
+
+def image_files(folder: Path) -> list[Path]:
+    """Image files directly inside `folder` or below it, sorted by path."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def load_image_folder(folder: str | Path, inputs: Sequence[ModelInput], opts: ImageOptions,
+                      limit: int | None = None) -> dict[str, np.ndarray]:
+    """Images of `folder` as one stacked batch for the model's single image input."""
+    folder = Path(folder)
+    if len(inputs) != 1:
+        raise DataError(f"an image folder feeds one input, but the model takes {len(inputs)}: "
+                        f"{', '.join(i.describe() for i in inputs)}; use .npz files with one array per input")
+    files = image_files(folder)[:limit]
+    if not files:
+        raise CalibrationError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in folder '{folder}'")
+    inp = inputs[0]
+    c, h, w = _image_geometry(inp, opts)
+    batch = np.stack([load_image(f, c, h, w, opts) for f in files])
+    if opts.layout is Layout.NHWC:
+        batch = batch.transpose(0, 2, 3, 1)
+    return {inp.name: np.ascontiguousarray(batch.astype(inp.dtype, copy=False))}
+
+
+def _check_array(arr: np.ndarray, inp: ModelInput, where: str) -> np.ndarray:
+    """A (N, ...) array checked against the input's rank and static dims (a single sample gets N = 1)."""
+    if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) and arr.dtype != np.bool_:
+        raise DataError(f"{where}: array of dtype {arr.dtype} cannot feed input {inp.describe()}")
+    if inp.shape is not None:
+        if arr.ndim == len(inp.shape) - 1:
+            arr = arr[None]
+        if arr.ndim != len(inp.shape):
+            raise DataError(f"{where}: array of shape {list(arr.shape)} does not fit model input "
+                            f"{inp.describe()} (expected {len(inp.shape)}-d)")
+        for axis, (want, got) in enumerate(zip(inp.shape, arr.shape)):
+            if axis > 0 and _static(want) is not None and want != got:
+                raise DataError(f"{where}: array of shape {list(arr.shape)} does not fit model input "
+                                f"{inp.describe()} (dim {axis} must be {want})")
+    if np.issubdtype(arr.dtype, np.floating) and not np.isfinite(arr).all():
+        raise DataError(f"{where}: array for input '{inp.name}' contains NaN or Inf")
+    if arr.dtype != inp.dtype:
+        if np.issubdtype(arr.dtype, np.floating) != np.issubdtype(inp.dtype, np.floating):
+            raise DataError(f"{where}: array of dtype {arr.dtype} cannot feed input {inp.describe()}")
+        arr = arr.astype(inp.dtype)
+    return arr
+
+
+def array_files(path: Path) -> list[Path]:
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in (".npy", ".npz"))
+
+
+def load_arrays(path: str | Path, inputs: Sequence[ModelInput], limit: int | None = None) -> dict[str, np.ndarray]:
+    """Samples from .npy / .npz files (a file or a folder of them), stacked per model input."""
+    path = Path(path)
+    files = array_files(path)
+    if not files:
+        raise CalibrationError(f"no .npy or .npz files at '{path}'")
+    parts: dict[str, list[np.ndarray]] = {i.name: [] for i in inputs}
+    for f in files:
+        try:
+            loaded = np.load(f, allow_pickle=False)
+        except Exception as exc:
+            raise DataError(f"cannot read calibration array file '{f}': {exc}") from exc
+        if isinstance(loaded, np.ndarray):
+            if len(inputs) != 1:
+                raise DataError(f"'{f}' holds one array but the model takes {len(inputs)} inputs "
+                                f"({', '.join(i.describe() for i in inputs)}); use .npz with one array per input")
+            parts[inputs[0].name].append(_check_array(loaded, inputs[0], f"'{f}'"))
+            continue
+        with loaded:
+            keys = list(loaded.keys())
+            if len(inputs) == 1 and len(keys) == 1:
+                mapping = {inputs[0].name: keys[0]}
+            else:
+                missing = [i.name for i in inputs if i.name not in keys]
+                if missing:
+                    raise DataError(f"'{f}' has arrays {keys} but lacks model inputs {missing}; name the arrays "
+                                    f"after the inputs: {', '.join(i.describe() for i in inputs)}")
+                mapping = {i.name: i.name for i in inputs}
+            for inp in inputs:
+                parts[inp.name].append(_check_array(loaded[mapping[inp.name]], inp, f"'{f}' [{mapping[inp.name]}]"))
+    out: dict[str, np.ndarray] = {}
+    for inp in inputs:
+        try:
+            out[inp.name] = np.concatenate(parts[inp.name])[:limit]
+        except ValueError as exc:
+            shapes = sorted({tuple(a.shape[1:]) for a in parts[inp.name]})
+            raise DataError(f"calibration arrays for input '{inp.name}' have different sample shapes {shapes}; "
+                            "give samples of one shape") from exc
+    counts = {k: len(v) for k, v in out.items()}
+    if len(set(counts.values())) > 1:
+        raise DataError(f"calibration files give different sample counts per input: {counts}")
+    return out
+
+
+def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0,
+                dynamic_dim: int = 32) -> dict[str, np.ndarray]:
+    """Standard-normal float (or 0/1 integer) samples: a smoke test, not a real calibration.
+
+    Dynamic dims other than the batch dim take `dynamic_dim`.
+    """
+    rng = np.random.default_rng(seed)
+    out = {}
+    for inp in inputs:
+        if inp.shape is None:
+            raise DataError(f"model input {inp.describe()} has no known rank; random data needs a shape")
+        dims = [count] + [_static(d) or dynamic_dim for d in inp.shape[1:]]
+        if np.issubdtype(inp.dtype, np.floating):
+            out[inp.name] = rng.standard_normal(dims).astype(inp.dtype)
+        else:
+            out[inp.name] = rng.integers(0, 2, dims).astype(inp.dtype)
+    return out
+
+
+def load_calibration(source: str | Path, inputs: Sequence[ModelInput], *, image_options: ImageOptions | None = None,
+                     limit: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
+    """Calibration samples from `source`: 'random', an image folder, or .npy/.npz file(s)."""
+    if limit is not None and limit < 1:
+        raise DataError(f"the number of calibration samples must be >= 1, got {limit}")
+    if str(source) == "random":
+        return random_data(inputs, count=limit or 8, seed=seed)
+    path = Path(source)
+    if not path.exists():
+        raise DataError(f"calibration data '{path}' does not exist; give a folder of images, .npy/.npz "
+                        "file(s), or 'random'")
+    if path.is_file() and path.suffix.lower() not in (".npy", ".npz"):
+        raise DataError(f"calibration file '{path}' is not .npy or .npz; give a folder of images, "
+                        ".npy/.npz file(s), or 'random'")
+    if path.is_dir() and not array_files(path):
+        return load_image_folder(path, inputs, image_options or ImageOptions(), limit)
+    return load_arrays(path, inputs, limit)
