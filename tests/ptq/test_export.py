@@ -1,0 +1,224 @@
+"""Export: ONNX QDQ files checked against onnxruntime and netquant's own fake-quant executor."""
+
+from __future__ import annotations
+
+import json
+import struct
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from _export_models import conv_net, images, mlp
+from onnx import numpy_helper
+
+import netquant
+from netquant.core.config import QuantState
+from netquant.errors import ExportError
+from netquant.export import (
+    export_qdq,
+    export_quant_params_json,
+    export_trt_calibration_cache,
+    ort_int8_kernels,
+    scale_hex,
+    trt_scales,
+)
+from netquant.export.opset import ai_onnx_opset
+from netquant.export.validate import cosine
+from netquant.platforms import list_platforms
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _quantize(model: onnx.ModelProto, x: np.ndarray, platform: str = "onnxruntime_int8"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return netquant.quantize_onnx(model, {"x": x}, platform=platform, quiet=True)
+
+
+# ---- the real text-direction classifier (PP-OCR, opset 11, weights in Constant nodes) ------------
+
+@pytest.fixture(scope="module")
+def cls_export(tmp_path_factory: pytest.TempPathFactory):
+    from netquant.api import zoo
+    from netquant.data.ocr import cls_batch, direction_samples
+    from netquant.data.text_render import make_text_lines
+
+    calib = cls_batch([s.image for s in direction_samples(make_text_lines(32, seed=11))])
+    test = cls_batch([s.image for s in direction_samples(make_text_lines(24, seed=12))])
+    qm = netquant.quantize_onnx(str(zoo.ppocr_model_path("cls")), {"x": calib}, quiet=True)
+    path = tmp_path_factory.mktemp("cls") / "cls_int8.onnx"
+    report = export_qdq(qm.qgraph, path)
+    return qm, report, path, test
+
+
+def test_classifier_qdq_in_onnxruntime_matches_executor_fake_quant(cls_export) -> None:
+    qm, report, path, test = cls_export
+    got = _session(path).run(None, {"x": test})[0]
+    ref = qm.run({"x": torch.from_numpy(test)}, fake_quant=True)
+    ref = next(iter(ref.values())).numpy()
+    assert cosine(ref, got) >= 0.999
+    assert np.array_equal(ref.argmax(1), got.argmax(1))
+    assert report.validated and min(report.output_cosine.values()) >= 0.999
+
+
+def test_classifier_export_upgrades_opset_and_stores_integer_weights(cls_export) -> None:
+    qm, report, path, _ = cls_export
+    model = onnx.load(str(path))
+    assert report.source_opset == 11 and report.opset == ai_onnx_opset(model) == 13
+    onnx.checker.check_model(model, full_check=True)
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producers = {o: n for n in model.graph.node for o in n.output}
+    conv_weights = [producers.get(n.input[1]) for n in model.graph.node if n.op_type == "Conv"]
+    assert conv_weights and all(p is not None and p.op_type == "DequantizeLinear" for p in conv_weights)
+    for dq in conv_weights:
+        q = inits[dq.input[0]]
+        assert q.dtype == np.int8 and q.ndim == 4
+        axis = {a.name: a.i for a in dq.attribute}.get("axis", 1)
+        assert axis == 0 and inits[dq.input[1]].shape == (q.shape[0],)  # per output channel
+    biases = [producers.get(n.input[2]) for n in model.graph.node if n.op_type == "Conv" and len(n.input) > 2]
+    assert biases and all(inits[p.input[0]].dtype == np.int32 for p in biases)
+    # no float copy of a quantized conv weight is left in the file
+    conv_weight_names = {n.inputs[1] for n in qm.graph.nodes if n.op_type == "Conv"}
+    assert conv_weight_names and not conv_weight_names & set(inits)
+    # the input keeps its dynamic dims exactly as the original declares them (Paddle's -1 / '?')
+    original = onnx.load(str(netquant.api.zoo.ppocr_model_path("cls")), load_external_data=False)
+    assert model.graph.input[0].type == original.graph.input[0].type
+    assert [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim] == [-1, 3, 0, 0]
+
+
+def test_ort_int8_kernels_counts_fused_convs(cls_export) -> None:
+    qm, report, path, _ = cls_export
+    kernels = ort_int8_kernels(path)
+    assert kernels == report.int8_kernels
+    convs = sum(1 for n in qm.graph.nodes if n.op_type == "Conv" and n.name in set(qm.quantized_ops()))
+    assert convs > 0 and kernels.get("QLinearConv", 0) == convs
+    fp32 = ort_int8_kernels(Path(netquant.api.zoo.ppocr_model_path("cls")))
+    assert fp32 == {}
+
+
+# ---- every built-in platform -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("platform", list_platforms())
+def test_every_builtin_platform_exports_a_model_onnxruntime_loads(platform: str, tmp_path: Path) -> None:
+    x = images(16)
+    qm = _quantize(conv_net(), x, platform)
+    path = tmp_path / f"{platform}.onnx"
+    report = export_qdq(qm.qgraph, path)
+    assert report.quantize_nodes + report.dequantize_nodes > 0
+    sess = _session(path)
+    got = sess.run(None, {"x": images(4, seed=7)})[0]
+    ref = qm.run({"x": torch.from_numpy(images(4, seed=7))})["y"].numpy()
+    assert cosine(ref, got) >= 0.99
+
+
+def test_opset11_model_with_per_channel_weights_exports_valid_model(tmp_path: Path) -> None:
+    model = conv_net(opset=11, weights_as_constants=True)
+    qm = _quantize(model, images(16))
+    path = tmp_path / "op11.onnx"
+    report = export_qdq(qm.qgraph, path)
+    out = onnx.load(str(path))
+    onnx.checker.check_model(out, full_check=True)
+    assert report.opset_upgraded and ai_onnx_opset(out) >= 13
+    axes = [{a.name: a.i for a in n.attribute}.get("axis") for n in out.graph.node
+            if n.op_type == "DequantizeLinear" and numpy_helper.to_array(
+                next(t for t in out.graph.initializer if t.name == n.input[1])).ndim == 1]
+    assert axes and all(a is not None for a in axes)
+    got = _session(path).run(None, {"x": images(2, seed=3)})[0]
+    fp32 = _session_bytes(model).run(None, {"x": images(2, seed=3)})[0]
+    assert cosine(fp32, got) > 0.99
+
+
+def _session_bytes(model: onnx.ModelProto) -> ort.InferenceSession:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def test_integer_weights_shrink_the_file_about_4x(tmp_path: Path) -> None:
+    model = mlp()
+    x = np.random.default_rng(0).standard_normal((32, 256)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(model, {"x": x}, quiet=True)
+    report = export_qdq(qm.qgraph, tmp_path / "mlp.onnx")
+    assert report.compression >= 3.5
+    assert report.size_bytes == (tmp_path / "mlp.onnx").stat().st_size
+    assert report.int8_kernels  # onnxruntime runs the weight matmuls on integers
+    dims = onnx.load(str(tmp_path / "mlp.onnx")).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "N"
+
+
+# ---- failures write nothing --------------------------------------------------------------------------
+
+def test_failed_validation_leaves_no_file_and_keeps_an_existing_one(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16))
+    path = tmp_path / "model.onnx"
+    with pytest.raises(ExportError, match="disagrees"):
+        export_qdq(qm.qgraph, path, min_cosine=1.5)  # impossible agreement: validation fails
+    assert list(tmp_path.iterdir()) == []
+    path.write_bytes(b"previous")
+    with pytest.raises(ExportError):
+        export_qdq(qm.qgraph, path, opset=12)  # per-axis QDQ needs opset 13
+    assert path.read_bytes() == b"previous" and sorted(p.name for p in tmp_path.iterdir()) == ["model.onnx"]
+
+
+def test_uncalibrated_config_is_an_export_error_naming_it(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16))
+    cfg = next(c for c in qm.qgraph.op_configs["conv2"].inputs if c is not None)
+    cfg.state = QuantState.INITIAL
+    with pytest.raises(ExportError, match="conv2"):
+        export_qdq(qm.qgraph, tmp_path / "m.onnx")
+    assert not (tmp_path / "m.onnx").exists()
+
+
+def test_missing_output_folder_is_an_export_error(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16))
+    with pytest.raises(ExportError, match="does not exist"):
+        export_qdq(qm.qgraph, tmp_path / "nope" / "m.onnx")
+
+
+# ---- params JSON and TensorRT cache -------------------------------------------------------------------
+
+def test_scale_hex_is_ieee754_float32_bits() -> None:
+    assert scale_hex(1.0) == "3f800000"
+    assert scale_hex(0.5) == "3f000000"
+    assert scale_hex(1 / 127) == "3c010204"
+    assert struct.unpack(">f", bytes.fromhex(scale_hex(0.0123)))[0] == pytest.approx(0.0123, rel=1e-7)
+
+
+def test_tensorrt_cache_holds_amax_over_127_of_each_activation(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16), "tensorrt_int8")
+    path = export_trt_calibration_cache(qm.qgraph, tmp_path / "calib.cache")
+    lines = path.read_text().splitlines()
+    assert lines[0] == "TRT-8601-EntropyCalibration2"
+    parsed = {}
+    for line in lines[1:]:
+        name, hexval = line.rsplit(": ", 1)
+        assert len(hexval) == 8
+        parsed[name] = struct.unpack(">f", bytes.fromhex(hexval))[0]
+    assert "x" in parsed  # the network input is quantized on TensorRT
+    # TensorRT's int8 is symmetric: the cache scale equals the symmetric params' scale
+    for slot_cfg in (c for oc in qm.qgraph.op_configs.values() for c in oc.inputs
+                     if c is not None and c.state is QuantState.ACTIVATED and c.name == "x"):
+        assert parsed["x"] == pytest.approx(float(slot_cfg.effective_params.scale), rel=1e-6)
+    assert parsed == pytest.approx(trt_scales(qm.qgraph), rel=1e-7)
+
+
+def test_quant_params_json_records_every_config(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16))
+    path = export_quant_params_json(qm.qgraph, tmp_path / "params.json")
+    data = json.loads(path.read_text())
+    assert data["platform"] == "onnxruntime_int8"
+    n_configs = sum(1 for _ in qm.qgraph.configs())
+    assert len(data["configs"]) == n_configs
+    weights = [r for r in data["configs"] if r["node"] == "conv2" and r["place"] == "input:1"]
+    assert weights and weights[0]["granularity"] == "per_channel" and len(weights[0]["scale"]) == 8
+    for rec in data["configs"]:
+        if "scale" in rec and not rec["is_constant"] and rec["granularity"] == "per_tensor":
+            lo, hi = rec["range"]
+            assert lo <= 0 <= hi
+            assert hi - lo == pytest.approx(rec["scale"] * (rec["quant_max"] - rec["quant_min"]), rel=1e-5)
