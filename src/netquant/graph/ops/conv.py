@@ -146,3 +146,47 @@ def conv_transpose(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCo
     if b is not None:
         y = y + b.reshape(1, -1, *([1] * nd))
     return [y]
+
+
+@register_op("DeformConv")
+def deform_conv(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """2-D deformable convolution (v1 / v2 with mask): each kernel tap samples x bilinearly at its
+    grid position plus a learned offset (zeros outside), times the mask, then a grouped conv reduction."""
+    x, w, offset, b, mask = inputs[0], inputs[1], inputs[2], opt(inputs, 3), opt(inputs, 4)
+    if x.dim() != 4:
+        raise UnsupportedOpError(ctx.unsupported(f"{x.dim() - 2}-D deformable convolution (only 2-D)"))
+    n, c, h, wd = x.shape
+    oc = w.shape[0]
+    kh, kw = ints(attrs.get("kernel_shape", w.shape[2:]))
+    sh, sw = ints(attrs.get("strides", [1, 1]))
+    dh, dw = ints(attrs.get("dilations", [1, 1]))
+    pads = ints(attrs.get("pads", [0, 0, 0, 0]))
+    group, og = attrs.get("group", 1), attrs.get("offset_group", 1)
+    oh, ow = offset.shape[2:]
+    k = kh * kw
+    off = offset.reshape(n, og, kh, kw, 2, oh, ow)
+    dev, dt = x.device, x.dtype
+    base_h = (-pads[0] + sh * torch.arange(oh, device=dev, dtype=dt)).reshape(1, 1, 1, 1, oh, 1) + \
+        (dh * torch.arange(kh, device=dev, dtype=dt)).reshape(1, 1, kh, 1, 1, 1)
+    base_w = (-pads[1] + sw * torch.arange(ow, device=dev, dtype=dt)).reshape(1, 1, 1, 1, 1, ow) + \
+        (dw * torch.arange(kw, device=dev, dtype=dt)).reshape(1, 1, 1, kw, 1, 1)
+    py = base_h + off[:, :, :, :, 0]  # (n, og, kh, kw, oh, ow)
+    px = base_w + off[:, :, :, :, 1]
+    y0, x0 = torch.floor(py), torch.floor(px)
+    ly, lx = py - y0, px - x0
+    xs = x.reshape(n, og, c // og, h * wd)
+    sampled = torch.zeros(n, og, c // og, k * oh * ow, dtype=dt, device=dev)
+    for yy, xx, wt in ((y0, x0, (1 - ly) * (1 - lx)), (y0, x0 + 1, (1 - ly) * lx),
+                       (y0 + 1, x0, ly * (1 - lx)), (y0 + 1, x0 + 1, ly * lx)):
+        valid = (yy >= 0) & (yy <= h - 1) & (xx >= 0) & (xx <= wd - 1)
+        idx = (yy.clamp(0, h - 1) * wd + xx.clamp(0, wd - 1)).to(torch.int64).reshape(n, og, 1, -1)
+        vals = torch.gather(xs, 3, idx.expand(n, og, c // og, idx.shape[-1]))
+        sampled = sampled + vals * (wt * valid).reshape(n, og, 1, -1)
+    if mask is not None:
+        sampled = sampled * mask.reshape(n, og, 1, -1)
+    cols = sampled.reshape(n, group, (c // group) * k, oh * ow)
+    wg = w.reshape(group, oc // group, (c // group) * k)
+    out = torch.einsum("ngkp,gok->ngop", cols, wg).reshape(n, oc, oh, ow)
+    if b is not None:
+        out = out + b.reshape(1, -1, 1, 1)
+    return [out]

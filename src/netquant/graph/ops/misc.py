@@ -428,3 +428,131 @@ def array_feature_extractor(inputs: list[Tensor | None], attrs: dict[str, Any], 
     x, idx = inputs[0], inputs[1].to(torch.int64).reshape(-1)
     out = torch.index_select(x, x.dim() - 1, idx)
     return [out.reshape(1, -1) if x.dim() == 1 else out]
+
+
+# ---------------------------------------------------------------- recurrent-state sequence ops (opset 25+)
+@register_op("CausalConvWithState")
+def causal_conv_with_state(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Depthwise causal conv1d over [past_state, input]; returns (y, last k-1 steps as present_state)."""
+    x, w, b, past = inputs[0], inputs[1], opt(inputs, 2), opt(inputs, 3)
+    act = attrs.get("activation", "none")
+    if act not in ("none", "silu", "swish"):
+        raise UnsupportedOpError(ctx.unsupported(f"activation '{act}'"))
+    k = w.shape[2]
+    if past is None:
+        past = x.new_zeros(x.shape[0], x.shape[1], k - 1)
+    padded = torch.cat([past, x], dim=2)
+    y = F.conv1d(padded, w, b, groups=x.shape[1])
+    if act != "none":
+        y = F.silu(y.float()).to(x.dtype)
+    return [y, padded[:, :, padded.shape[2] - (k - 1):]]
+
+
+@register_op("LinearAttention")
+def linear_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Recurrent linear attention: S <- S * exp(g) (gated); v <- beta * (v - S^T k) (delta);
+    S <- S + k v^T; o = scale * q^T S.  Float32 state; one step per token."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    past, decay, beta = opt(inputs, 3), opt(inputs, 4), opt(inputs, 5)
+    rule = attrs.get("update_rule", "gated_delta")
+    if rule not in ("linear", "gated", "delta", "gated_delta"):
+        raise UnsupportedOpError(ctx.unsupported(f"update_rule '{rule}'"))
+    hq, hkv = attrs["q_num_heads"], attrs["kv_num_heads"]
+    gating, delta = rule in ("gated", "gated_delta"), rule in ("delta", "gated_delta")
+    b, t, _ = q.shape
+    dk, dv = q.shape[-1] // hq, v.shape[-1] // hkv
+    group = hq // hkv
+
+    def heads(x: Tensor, h: int) -> Tensor:
+        return x.reshape(b, t, h, -1).transpose(1, 2).float()
+
+    q4, k4, v4 = heads(q, hq), heads(k, hkv), heads(v, hkv)
+    g4 = beta4 = None
+    if gating:
+        g4 = heads(decay, hkv)  # (B, H, T, 1 or dk)
+    if delta:
+        beta4 = beta.reshape(b, t, beta.shape[-1], 1).transpose(1, 2).float()
+    state = past.float().clone() if past is not None else q.new_zeros(b, hkv, dk, dv, dtype=torch.float32)
+    scale = attrs.get("scale") or 1.0 / math.sqrt(dk)
+    outs = []
+    for i in range(t):
+        kt, vt = k4[:, :, i], v4[:, :, i]
+        if gating:
+            state = state * torch.exp(g4[:, :, i]).unsqueeze(-1)
+        if delta:
+            vt = beta4[:, :, i] * (vt - torch.einsum("bhdm,bhd->bhm", state, kt))
+        state = state + kt.unsqueeze(-1) * vt.unsqueeze(-2)
+        read = state if group == 1 else state.repeat_interleave(group, dim=1)
+        outs.append(scale * torch.einsum("bhd,bhdm->bhm", q4[:, :, i], read))
+    y = torch.stack(outs, dim=2).transpose(1, 2).reshape(b, t, hq * dv).to(q.dtype)
+    return [y, state.to(past.dtype if past is not None else q.dtype)]
+
+
+def _subgraph_runner(ctx: OpContext):  # noqa: ANN202
+    if ctx.run_subgraph is None:
+        raise UnsupportedOpError(ctx.unsupported("running a subgraph outside an Executor"))
+    return ctx.run_subgraph
+
+
+@register_op("FlexAttention", domain="ai.onnx.preview")
+def flex_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """softmax(score_mod(Q K^T * scale)) V, then optional prob_mod on the probabilities (GQA aware)."""
+    q, k, v = inputs[0], inputs[1], inputs[2]
+    hq, hkv = q.shape[1], k.shape[1]
+    if hq != hkv:
+        k = k.repeat_interleave(hq // hkv, dim=1)
+        v = v.repeat_interleave(hq // hkv, dim=1)
+    scale = attrs.get("scale")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[3])
+    root = torch.tensor(math.sqrt(scale), dtype=torch.float32).to(q.dtype)
+    scores = torch.matmul(q * root, (k * root).transpose(-1, -2))
+    if attrs.get("softmax_precision"):
+        from ._util import onnx_dtype
+        cdt = onnx_dtype(attrs["softmax_precision"], ctx)
+    else:
+        cdt = torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
+    scores = scores.to(cdt)
+    if attrs.get("score_mod") is not None:
+        scores = _subgraph_runner(ctx)(attrs["score_mod"], [scores])[0].to(cdt)
+    probs = torch.softmax(scores, dim=-1)
+    if attrs.get("prob_mod") is not None:
+        probs = _subgraph_runner(ctx)(attrs["prob_mod"], [probs])[0].to(cdt)
+    return [torch.matmul(probs, v.to(cdt)).to(v.dtype)]
+
+
+@register_op("SequenceMap")
+def sequence_map(inputs: list[Any], attrs: dict[str, Any], ctx: OpContext) -> list[Any]:
+    """Run `body` once per element of the input sequence; extra inputs are indexed when sequences."""
+    seq, extra = inputs[0], list(inputs[1:])
+    run = _subgraph_runner(ctx)
+    outs: list[list[Any]] | None = None
+    for i, item in enumerate(seq):
+        args = [item] + [a[i] if isinstance(a, list) else a for a in extra]
+        res = run(attrs["body"], args)
+        if outs is None:
+            outs = [[] for _ in res]
+        for acc, r in zip(outs, res):
+            acc.append(r)
+    return outs if outs is not None else [[] for _ in range(ctx.num_outputs)]
+
+
+@register_op("ImageDecoder")
+def image_decoder(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Decode an encoded image (uint8 bytes) with Pillow into HWC uint8 (RGB, BGR or Grayscale)."""
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    fmt = attrs.get("pixel_format", "RGB")
+    img = Image.open(io.BytesIO(inputs[0].detach().cpu().numpy().tobytes()))
+    if fmt == "RGB":
+        arr = np.array(img.convert("RGB"))
+    elif fmt == "BGR":
+        arr = np.array(img.convert("RGB"))[:, :, ::-1]
+    elif fmt == "Grayscale":
+        arr = np.array(img.convert("L"))[:, :, None]
+    else:
+        raise UnsupportedOpError(ctx.unsupported(f"pixel_format '{fmt}'"))
+    return [torch.from_numpy(np.ascontiguousarray(arr)).to(inputs[0].device)]
