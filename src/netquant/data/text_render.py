@@ -74,10 +74,10 @@ def _prose_text(rng: random.Random, max_words: int) -> str:
     return " ".join(words[start:start + n])
 
 
-def _fit(text: str, font: ImageFont.FreeTypeFont, height: int) -> str:
-    """Drop trailing words until the line is no wider than MAX_ASPECT * height."""
+def _fit(text: str, font: ImageFont.FreeTypeFont, height: int, pad_x: int) -> str:
+    """Drop trailing words until the image (text + margins) is no wider than MAX_ASPECT * height."""
     words = text.split(" ")
-    while len(words) > 1 and font.getlength(" ".join(words)) + 8 > MAX_ASPECT * height * 0.97:
+    while len(words) > 1 and int(font.getlength(" ".join(words))) + 2 * pad_x > MAX_ASPECT * height:
         words.pop()
     return " ".join(words)
 
@@ -90,8 +90,8 @@ def render_line(text: str, rng: random.Random) -> TextLine:
     ascent, descent = font.getmetrics()
     pad_y = rng.randint(3, 8)
     height = ascent + descent + 2 * pad_y
-    text = _fit(text, font, height)
     pad_x = rng.randint(3, 12)
+    text = _fit(text, font, height, pad_x)
     width = int(font.getlength(text)) + 2 * pad_x
     bg = rng.randint(185, 255)
     tint = [max(0, min(255, bg + rng.randint(-15, 15))) for _ in range(3)]
