@@ -152,3 +152,19 @@ def test_fold_batchnorm_untraceable_falls_back_to_sequential():
     assert isinstance(folded.body[1], nn.Identity)
     x = torch.randn(2, 2, 8).abs()
     torch.testing.assert_close(folded(x), net(x), rtol=1e-5, atol=1e-5)
+
+
+def test_learnable_from_config():
+    from netquant.nn.config import LayerQuantConfig, QuantizerConfig, QuantRule
+
+    spec = QuantSpec.int8()
+    layer = LayerQuantConfig(input=QuantizerConfig(spec, learnable=True))
+    q = nqnn.quantize_model(nn.Linear(4, 2), nqnn.ModelQuantConfig((QuantRule(layer=layer),)))
+    assert q.input_quantizer.is_learnable and q.input_quantizer.grad_mode is GradMode.LSQ
+    x = torch.randn(16, 4)
+    with nqnn.calibrate(q):
+        q(x)
+    assert q.input_quantizer.scale.item() == pytest.approx(float(x.abs().max()) / 127.5)
+    q.train()
+    q(x).sum().backward()
+    assert q.input_quantizer.scale.grad is not None

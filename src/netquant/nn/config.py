@@ -23,7 +23,11 @@ from netquant.errors import ConfigError
 
 @dataclass(frozen=True)
 class QuantizerConfig:
-    """How one quantization site is quantized."""
+    """How one quantization site is quantized.
+
+    ``learnable``: LSQ scale from the start (build the optimizer after calibration);
+    ``dynamic``: params from every batch at run time (dynamic quantization).
+    """
 
     spec: QuantSpec
     observer: str = "minmax"

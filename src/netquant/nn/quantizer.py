@@ -275,8 +275,6 @@ class TensorQuantizer(nn.Module):
                 current.data = current.data.new_empty(incoming.shape)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
-        if self.spec is not None and self.is_calibrated and self.mode is QuantMode.PASS_THROUGH:
-            self.mode = QuantMode.QUANTIZE
 
     def extra_repr(self) -> str:
         if self.spec is None:

@@ -17,7 +17,8 @@ def make_quantizer(cfg: QuantizerConfig | None, role: QuantizerRole, name: str =
     if cfg is None:
         return TensorQuantizer(None, role=role, name=name)
     return TensorQuantizer(spec_override or cfg.spec, observer=cfg.observer, observer_opts=cfg.observer_opts,
-                           role=role, grad_mode=cfg.grad_mode, learnable=False, dynamic=cfg.dynamic, name=name)
+                           role=role, grad_mode=cfg.grad_mode, learnable=cfg.learnable, dynamic=cfg.dynamic,
+                           name=name)
 
 
 def retarget_weight_spec(spec: QuantSpec, out_axis: int, in_axis: int, shape: tuple[int, ...]) -> QuantSpec:
