@@ -160,7 +160,7 @@ def netquant_quantize(model: Path, out: Path, calib: np.ndarray) -> tuple[float,
 
     t = time.perf_counter()
     batches = [{"x": calib[i:i + 8]} for i in range(0, len(calib), 8)]
-    qmodel = netquant.quantize_onnx(str(model), batches, platform="onnxruntime", progress=False)
+    qmodel = netquant.quantize_onnx(str(model), batches, platform="onnxruntime_int8", quiet=True)
     export_qdq(qmodel, out)
     elapsed = time.perf_counter() - t
     kernels = ort_int8_kernels(out)

@@ -67,16 +67,18 @@ def mlp(features: int = 256, hidden: int = 512, out: int = 16, seed: int = 0) ->
 
 
 def conv_with_runtime_weight() -> onnx.ModelProto:
-    """A Conv whose weight is a graph input (not a constant): platforms cannot quantize it."""
+    """A Conv whose weight is computed from a graph input (not a constant): platforms cannot quantize it."""
     rng = np.random.default_rng(1)
     nodes = [helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv_const", pads=[1, 1, 1, 1]),
+             helper.make_node("Reshape", ["w_flat", "w_shape"], ["w_in"], name="weight_reshape"),
              helper.make_node("Conv", ["c0", "w_in"], ["y"], name="conv_dynamic_weight", pads=[1, 1, 1, 1])]
     graph = helper.make_graph(
         nodes, "runtime_weight",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8]),
-         helper.make_tensor_value_info("w_in", TensorProto.FLOAT, [4, 4, 3, 3])],
+         helper.make_tensor_value_info("w_flat", TensorProto.FLOAT, [1, 144])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
-        [_init("w0", rng.standard_normal((4, 3, 3, 3)) * 0.3)])
+        [_init("w0", rng.standard_normal((4, 3, 3, 3)) * 0.3),
+         numpy_helper.from_array(np.array([4, 4, 3, 3], dtype=np.int64), "w_shape")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model

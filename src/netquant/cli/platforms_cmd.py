@@ -11,7 +11,8 @@ from netquant.platforms import get_platform, list_platforms
 
 def platforms_table() -> Table:
     table = Table(title="netquant platforms", show_lines=True)
-    for col in ("name", "activations", "weights", "bias", "quantized op types", "export"):
+    table.add_column("name", no_wrap=True, style="bold")
+    for col in ("activations", "weights", "bias", "quantized op types", "export"):
         table.add_column(col, overflow="fold")
     for name in list_platforms():
         p = get_platform(name)

@@ -11,7 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 from netquant.cli.common import friendly_errors, warn
-from netquant.data.calib import ChannelOrder, ImageOptions, Layout, load_calibration, model_inputs
+from netquant.data.calib import (
+    ChannelOrder,
+    ImageOptions,
+    Layout,
+    load_calibration,
+    model_inputs,
+    split_batches,
+)
 from netquant.errors import DataError
 
 
@@ -127,7 +134,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         settings["weight_observer"] = weight_observer
     if per_channel is not None:
         settings["per_channel"] = per_channel
-    qmodel = netquant.quantize_onnx(str(model), data, platform=platform, **settings)
+    batches = split_batches(data, inputs, batch_size)
+    qmodel = netquant.quantize_onnx(str(model), batches, platform=platform, **settings)
     for w in qmodel.warnings:
         warn(console, w)
     t_quant = time.perf_counter()

@@ -10,6 +10,7 @@ from netquant.data.calib import (
     load_image_folder,
     model_inputs,
     random_data,
+    split_batches,
 )
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "load_image_folder",
     "model_inputs",
     "random_data",
+    "split_batches",
 ]

@@ -272,3 +272,17 @@ def load_calibration(source: str | Path, inputs: Sequence[ModelInput], *, image_
     if path.is_dir() and not array_files(path):
         return load_image_folder(path, inputs, image_options or ImageOptions(), limit)
     return load_arrays(path, inputs, limit)
+
+
+def split_batches(data: dict[str, np.ndarray], inputs: Sequence[ModelInput],
+                  batch_size: int) -> list[dict[str, np.ndarray]]:
+    """Stacked samples -> batches of `batch_size` (or of the model's static batch dim when it has one)."""
+    static = {_static(i.shape[0]) for i in inputs if i.shape}
+    static.discard(None)
+    step = min(static) if static else batch_size
+    n = len(next(iter(data.values())))
+    if static and n < step:
+        raise DataError(f"the model's batch dim is fixed at {step} but only {n} calibration samples were given "
+                        f"for {', '.join(i.describe() for i in inputs)}")
+    stop = n - n % step if static else n  # a fixed batch dim drops the incomplete last batch
+    return [{k: v[s:s + step] for k, v in data.items()} for s in range(0, stop, step)]

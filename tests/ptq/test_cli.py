@@ -1,0 +1,124 @@
+"""`netquant` command line: quantize, platforms, and the bad-input cases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from _export_models import conv_net, conv_with_runtime_weight, images
+from click.testing import CliRunner
+from PIL import Image
+
+from netquant.cli.main import cli
+from netquant.platforms import list_platforms
+
+
+@pytest.fixture()
+def model(tmp_path: Path) -> Path:
+    path = tmp_path / "net.onnx"
+    onnx.save(conv_net(batch=1), path)  # static shape [1, 3, 16, 16]
+    return path
+
+
+def run(*args: str | Path) -> object:
+    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_platforms_lists_every_platform_with_its_scheme() -> None:
+    result = run("platforms", "--names")
+    assert result.exit_code == 0
+    assert result.output.split() == list_platforms()
+    table = run("platforms")
+    assert table.exit_code == 0 and "uint8" in table.output and "affine" in table.output
+    assert all(name in table.output for name in list_platforms())
+
+
+def test_quantize_from_npy_writes_model_json_and_trt_cache(model: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "calib.npy", images(16))
+    out = tmp_path / "out.onnx"
+    result = run("quantize", model, "--calib", tmp_path / "calib.npy", "-o", out, "--json", tmp_path / "p.json",
+                 "--trt-cache", tmp_path / "c.cache")
+    assert result.exit_code == 0, result.output
+    assert "QLinearConv x2" in result.output and "ops quantized" in result.output
+    sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
+    y = sess.run(None, {"x": images(1, seed=5)})[0]
+    ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": images(1, seed=5)})[0]
+    assert np.corrcoef(y.ravel(), ref.ravel())[0, 1] > 0.99
+    assert (tmp_path / "p.json").stat().st_size > 0
+    assert (tmp_path / "c.cache").read_text().startswith("TRT-")
+
+
+def test_quantize_from_image_folder_and_random(model: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "imgs"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    out = tmp_path / "img.onnx"
+    result = run("quantize", model, "--calib", folder, "-o", out, "--mean", "0.485,0.456,0.406",
+                 "--std", "0.229,0.224,0.225", "--channel-order", "bgr", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert out.exists() and result.output == ""
+    result = run("quantize", model, "--calib", "random", "--num-calib", "4", "-o", tmp_path / "r.onnx", "-q")
+    assert result.exit_code == 0 and (tmp_path / "r.onnx").exists()
+
+
+def test_unknown_platform_lists_the_valid_ones(model: Path, tmp_path: Path) -> None:
+    result = run("quantize", model, "--platform", "nosuch", "--calib", "random", "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 1
+    assert "unknown platform 'nosuch'" in result.output
+    assert all(name in result.output for name in list_platforms())
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_wrong_shape_calibration_names_input_and_expected_shape(model: Path, tmp_path: Path) -> None:
+    np.save(tmp_path / "bad.npy", np.zeros((4, 3, 16, 15), np.float32))
+    result = run("quantize", model, "--calib", tmp_path / "bad.npy", "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 1
+    assert "'x' [1, 3, 16, 16]" in result.output and "dim 3 must be 16" in result.output
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_missing_calibration_and_bad_mean_are_data_errors(model: Path, tmp_path: Path) -> None:
+    result = run("quantize", model, "--calib", tmp_path / "none", "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 1 and "DataError" in result.output and "does not exist" in result.output
+    result = run("quantize", model, "--calib", "random", "--mean", "a,b", "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 1 and "--mean" in result.output
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_unsupported_op_stays_fp32_with_warning_and_fails_with_strict(tmp_path: Path) -> None:
+    path = tmp_path / "dyn.onnx"
+    onnx.save(conv_with_runtime_weight(), path)
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "calib.npz", x=rng.standard_normal((4, 3, 8, 8)).astype(np.float32),
+             w_flat=rng.standard_normal((4, 144)).astype(np.float32) * 0.2)
+    result = run("quantize", path, "--calib", tmp_path / "calib.npz", "-o", tmp_path / "o.onnx")
+    assert result.exit_code == 0, result.output
+    assert "warning" in result.output and "conv_dynamic_weight" in result.output and "stays FP32" in result.output
+    strict = run("quantize", path, "--calib", tmp_path / "calib.npz", "-o", tmp_path / "s.onnx", "--strict")
+    assert strict.exit_code == 1 and "UnsupportedOpError" in strict.output and "conv_dynamic_weight" in strict.output
+    assert not (tmp_path / "s.onnx").exists()
+
+
+def test_failed_export_leaves_no_file(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.onnx"
+    result = run("quantize", model, "--calib", "random", "-o", out, "--opset", "12")
+    assert result.exit_code == 1 and "ExportError" in result.output
+    assert list(tmp_path.iterdir()) == [model]
+
+
+def test_fp32_ops_keeps_selected_ops_in_float(model: Path, tmp_path: Path) -> None:
+    out = tmp_path / "o.onnx"
+    result = run("quantize", model, "--calib", "random", "-o", out, "--fp32-ops", "Gemm,name:conv2")
+    assert result.exit_code == 0, result.output
+    nodes = onnx.load(str(out)).graph.node
+    producers = {o: n for n in nodes for o in n.output}
+    for n in nodes:
+        if n.op_type == "Gemm" or n.name == "conv2":
+            assert n.input[1] not in producers  # the float weight initializer itself
+        if n.name == "conv1":
+            assert producers[n.input[1]].op_type == "DequantizeLinear"
