@@ -248,7 +248,10 @@ def _scaled_fp8(x: torch.Tensor, s: torch.Tensor, spec: QuantSpec,
                 want_mask: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     t = torch.div(x, s)
     fmax = spec.fp_max
-    mask = t.abs().le_(fmax).to(torch.bool) if want_mask else None
+    mask = None
+    if want_mask:
+        mask = t.ge(-fmax)
+        mask &= t.le(fmax)
     t.clamp_(-fmax, fmax)
     return t, mask
 
