@@ -132,3 +132,48 @@ def test_overwrite_is_atomic_and_deterministic(tmp_path):
     nqnn.export_onnx(q, x, path)
     assert path.read_bytes() == first
     assert [p.name for p in tmp_path.iterdir()] == ["m.onnx"]
+
+
+class _EveryModule(nn.Module):
+    """Embedding -> LSTM -> add / matmul / cat sites -> ConvTranspose1d -> adaptive pool."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.lstm = nn.LSTM(8, 8, batch_first=True)
+        self.ct = nn.ConvTranspose1d(8, 4, 3, stride=2)
+        self.pool = nn.AdaptiveAvgPool1d(2)
+        self.add, self.mm, self.cat = nqnn.QuantAdd(), nqnn.QuantMatmul(), nqnn.QuantCat(dim=1)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        e = self.emb(idx)
+        h, _ = self.lstm(e)
+        z = self.add(h, e)
+        z = self.mm(z, z.transpose(1, 2))
+        return self.pool(self.ct(self.cat([z, z])[:, :8]))
+
+
+def test_every_module_kind_exports_and_matches(tmp_path):
+    torch.manual_seed(0)
+    q = nqnn.quantize_model(_EveryModule())
+    assert isinstance(q.lstm, nqnn.QuantLSTM) and isinstance(q.ct, nqnn.QuantConvTranspose1d)
+    idx = torch.randint(0, 20, (4, 6))
+    with nqnn.calibrate(q):
+        q(idx)
+    path = nqnn.export_onnx(q, idx, tmp_path / "every.onnx")
+    ops = {n.op_type for n in onnx.load(path).graph.node}
+    assert {"LSTM", "ConvTranspose", "Gather", "MatMul", "Concat"} <= ops
+    with torch.no_grad():
+        np.testing.assert_allclose(_run_literal(path, idx), q(idx).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_whole_quantized_model_pickles():
+    import io
+
+    x = torch.rand(2, 3, 8, 8)
+    q = _calibrated(nqnn.ModelQuantConfig.int8_tensorrt(), x)
+    buffer = io.BytesIO()
+    torch.save(q, buffer)
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.equal(loaded(x), q(x))
