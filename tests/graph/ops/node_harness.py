@@ -147,3 +147,30 @@ def check_case(case) -> None:
                 else:
                     assert gn.dtype == ee.dtype, f"output {i}: dtype {gn.dtype} != {ee.dtype}"
                     np.testing.assert_array_equal(gn, ee, err_msg=f"output {i}")
+
+
+def single_node_model(node: onnx.NodeProto, inputs: dict[str, np.ndarray], n_out: int | None = None,
+                      opset: int = 17, domain_opsets: dict[str, int] | None = None) -> onnx.ModelProto:
+    """A one-node model whose graph inputs are `inputs` (name -> array); outputs typed as undefined."""
+    from onnx import helper as oh
+
+    vis = [oh.make_tensor_value_info(k, oh.np_dtype_to_tensor_dtype(v.dtype), v.shape) for k, v in inputs.items()]
+    outs = [oh.make_empty_tensor_value_info(o) for o in list(node.output)[: n_out or len(node.output)] if o]
+    graph = oh.make_graph([node], "g", vis, outs)
+    imports = [oh.make_opsetid("", opset)] + [oh.make_opsetid(d, v) for d, v in (domain_opsets or {}).items()]
+    return oh.make_model(graph, opset_imports=imports, ir_version=8)
+
+
+def ort_and_ours(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: int = 17,
+                 domain_opsets: dict[str, int] | None = None) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Run a single node in onnxruntime and through netquant's op registry; both output lists."""
+    import onnxruntime as ort
+
+    model = single_node_model(node, inputs, opset=opset, domain_opsets=domain_opsets)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    ref = sess.run(None, inputs)
+    ours = [torch_to_np(t) for t in run_model(model, list(inputs.values()))]
+    return ref, ours

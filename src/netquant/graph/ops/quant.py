@@ -184,18 +184,34 @@ def _q(y: Tensor, s: Tensor, z: Tensor | None, like: Tensor) -> Tensor:
     return quantize(y, s.float(), z, z.dtype if z is not None else like.dtype)
 
 
-def _qlinear_binary(op_type: str, fn) -> None:
-    @register_op(op_type, domain=MS)
-    def impl(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-        a, a_s, a_z, b, b_s, b_z, c_s, c_z = (list(inputs) + [None] * 8)[:8]
-        y = fn(_dq(a, a_s, a_z), _dq(b, b_s, b_z))
-        return [_q(y, c_s, c_z, a)]
-
-    impl.__name__ = op_type.lower()
+def _centered(x: Tensor, z: Tensor | None) -> Tensor:
+    v = x.to(torch.float32)
+    return v - z.to(torch.float32) if z is not None else v
 
 
-_qlinear_binary("QLinearAdd", torch.add)
-_qlinear_binary("QLinearMul", torch.mul)
+def _requant_float(v: Tensor, cz: Tensor | None, like: Tensor) -> Tensor:
+    dtype = cz.dtype if cz is not None else like.dtype
+    lo, hi = _INT_RANGE[dtype]
+    y = torch.sign(v) * torch.floor(v.abs() + 0.5)  # onnxruntime's contrib kernels round half away from 0
+    y = y + (cz.to(torch.float32) if cz is not None else 0.0)
+    return y.clamp(lo, hi).to(dtype)
+
+
+@register_op("QLinearAdd", domain=MS)
+def qlinear_add(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """c = saturate(round((a - az) * as / cs + (b - bz) * bs / cs) + cz), float32 scale ratios and
+    round-half-away-from-zero, as onnxruntime's kernel (the op's reference) computes it."""
+    a, a_s, a_z, b, b_s, b_z, c_s, c_z = (list(inputs) + [None] * 8)[:8]
+    ra, rb = (a_s.float() / c_s.float()), (b_s.float() / c_s.float())
+    return [_requant_float(_centered(a, a_z) * ra + _centered(b, b_z) * rb, c_z, a)]
+
+
+@register_op("QLinearMul", domain=MS)
+def qlinear_mul(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """c = saturate(round((a - az) * (b - bz) * as * bs / cs) + cz)."""
+    a, a_s, a_z, b, b_s, b_z, c_s, c_z = (list(inputs) + [None] * 8)[:8]
+    ratio = a_s.float() * b_s.float() / c_s.float()
+    return [_requant_float(_centered(a, a_z) * _centered(b, b_z) * ratio, c_z, a)]
 
 
 def _qlinear_unary(op_type: str, fn) -> None:

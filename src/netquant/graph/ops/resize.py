@@ -107,12 +107,13 @@ def _nearest_index(xo: Tensor, in_len: int, nearest_mode: str) -> Tensor:
 def resize_tensor(x: Tensor, out_sizes: list[int], scales: list[float], *, mode: str = "nearest",
                   ctm: str = "half_pixel", nearest_mode: str = "round_prefer_floor", cubic_a: float = -0.75,
                   exclude_outside: bool = False, extrapolation: float = 0.0, antialias: bool = False,
-                  roi: list[float] | None = None) -> Tensor:
-    """Resize every axis of x to out_sizes (scales[i] = the axis' scale factor)."""
+                  roi: list[float] | None = None, fused: bool = True) -> Tensor:
+    """Resize every axis of x to out_sizes (scales[i] = the axis' scale factor).  fused=False forces the
+    separable weight-matrix path even where F.interpolate computes the same thing."""
     r = x.dim()
     roi = roi or ([0.0] * r + [1.0] * r)
     resized = [i for i in range(r) if out_sizes[i] != x.shape[i] or scales[i] != 1.0]
-    if mode != "nearest" and _fast_ok(x, out_sizes, scales, mode, ctm, cubic_a, exclude_outside, antialias,
+    if fused and mode != "nearest" and _fast_ok(x, out_sizes, scales, mode, ctm, cubic_a, exclude_outside, antialias,
                                       resized):
         spatial = r - 2
         tmode = {1: "linear", 2: "bilinear", 3: "trilinear"}[spatial] if mode == "linear" else "bicubic"
