@@ -352,3 +352,41 @@ def test_int32_bias_spec_matches_torch_qint32() -> None:
     ref = torch.quantize_per_tensor(x, 1e-4, 0, torch.qint32)
     assert q.dtype == torch.int32 and torch.equal(q, ref.int_repr())
     assert torch.equal(dequantize(q, 1e-4, 0, spec), ref.dequantize())
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), e5=st.booleans(), per_channel=st.booleans(),
+       log_scale=st.floats(-20, 20))
+def test_fp8_randomized_equals_cast(seed: int, e5: bool, per_channel: bool, log_scale: float) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    kw: dict = {"granularity": Granularity.PER_CHANNEL, "axis": 1} if per_channel else {}
+    spec = QuantSpec.fp8_e5m2(**kw) if e5 else QuantSpec.fp8_e4m3(**kw)
+    x = torch.randn(5, 7, generator=gen) * torch.exp(torch.empty(5, 7).uniform_(-12, 12, generator=gen))
+    s = torch.exp(torch.full((7,) if per_channel else (), log_scale) + torch.rand(7 if per_channel else (),
+                                                                                    generator=gen))
+    scaled = x / (s.reshape(1, 7) if per_channel else s)
+    cast = scaled.clamp(-spec.fp_max, spec.fp_max).to(spec.storage_dtype)
+    want = cast.to(torch.float32) * (s.reshape(1, 7) if per_channel else s)
+    assert torch.equal(fake_quantize(x, s, None, spec), want)
+    assert torch.equal(quantize(x, s, None, spec).view(torch.uint8), cast.view(torch.uint8))
+
+
+def test_zero_range_tensor_round_trips_to_zero() -> None:
+    from netquant.core.qparams import choose_qparams
+
+    x = torch.zeros(4, 3)
+    for spec in [QuantSpec.int8(), QuantSpec.uint8_affine(), QuantSpec.fp8_e4m3(),
+                 QuantSpec.int8_per_channel(axis=1)]:
+        lo = x.amin(0) if spec.granularity is Granularity.PER_CHANNEL else x.min()
+        hi = x.amax(0) if spec.granularity is Granularity.PER_CHANNEL else x.max()
+        qp = choose_qparams(lo, hi, spec)
+        y = fake_quantize(x, qp.scale, qp.zero_point, spec)
+        assert torch.equal(y, x)
+        assert torch.equal(dequantize(quantize(x, qp.scale, qp.zero_point, spec), qp.scale, qp.zero_point, spec), x)
+
+
+def test_param_shape() -> None:
+    assert param_shape((4, 6), QuantSpec.int8()) == ()
+    assert param_shape((4, 6), QuantSpec.int8_per_channel(axis=1)) == (6,)
+    assert param_shape((4, 6), QuantSpec.int8_per_channel(axis=-2)) == (4,)
+    assert param_shape((4, 10), QuantSpec.int4_per_group(group_size=4, axis=1)) == (4, 3)

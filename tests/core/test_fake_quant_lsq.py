@@ -52,6 +52,11 @@ def lsq_cases(draw: st.DrawFn, per_channel: bool):
     view[axis] = n
     span = spec.qmax - spec.qmin
     codes = torch.rand(shape, generator=gen) * span * 1.4 + spec.qmin - 0.2 * span - zp.reshape(view)
+    ties = torch.rand(shape, generator=gen) < 0.3  # exact ties of x/s where the scale is a power of two
+    pow2 = draw(st.booleans())
+    if pow2:
+        scale = torch.exp2(torch.round(torch.log2(scale)))
+        codes = torch.where(ties, torch.floor(codes) + 0.5, codes)
     x = codes * scale.reshape(view)
     dy = torch.randn(shape, generator=gen)
     return spec, x, scale, zp, dy, grad_scaling
