@@ -96,7 +96,8 @@ def test_quantize_matches_torch_int_repr(case, kind: tuple[bool, int]) -> None:
     _, x, scale, _ = case
     signed, bits = kind
     spec = QuantSpec(bits=bits, signed=signed, symmetric=False)
-    zp = int(torch.randint(max(spec.qmin, -1000), min(spec.qmax, 1000) + 1, ()).item())
+    gen = torch.Generator().manual_seed(int(x.numel() * 1000 + bits))
+    zp = int(torch.randint(max(spec.qmin, -1000), min(spec.qmax, 1000) + 1, (), generator=gen).item())
     xs = x * 300  # push codes outside the 8-bit range too
     qt = torch.quantize_per_tensor(xs, scale.item(), zp, TORCH_QDTYPES[kind])
     q = quantize(xs, scale, zp, spec)
@@ -106,9 +107,11 @@ def test_quantize_matches_torch_int_repr(case, kind: tuple[bool, int]) -> None:
     t = xs * torch.reciprocal(scale)
     tz = t + zp
     tie = (t - t.floor() == 0.5) | (tz - tz.floor() == 0.5)
-    assert torch.equal(q[~tie], qt.int_repr()[~tie])
-    assert torch.equal(dequantize(q, scale, zp, spec)[~tie], qt.dequantize()[~tie])
-    if zp % 2 == 0:  # even zero point: ties agree too
+    # beyond 2^24 torch's float32 sum x/s + z is inexact (qint32 only); we add z exactly
+    keep = ~tie & (tz.abs() < 2**24)
+    assert torch.equal(q[keep], qt.int_repr()[keep])
+    assert torch.equal(dequantize(q, scale, zp, spec)[keep], qt.dequantize()[keep])
+    if zp % 2 == 0 and bits == 8:  # even zero point: ties agree too
         assert torch.equal(q, qt.int_repr())
 
 
@@ -130,7 +133,8 @@ def test_quantize_per_channel_matches_torch(case, signed: bool) -> None:
     _, x, scale, _ = case
     spec = QuantSpec(bits=8, signed=signed, symmetric=False, granularity=Granularity.PER_CHANNEL,
                      axis=case[0].axis)
-    zp = torch.randint(spec.qmin, spec.qmax + 1, scale.shape, dtype=torch.int64)
+    gen = torch.Generator().manual_seed(x.numel())
+    zp = torch.randint(spec.qmin, spec.qmax + 1, scale.shape, dtype=torch.int64, generator=gen)
     axis = spec.axis % x.ndim
     xs = x * 50
     qt = torch.quantize_per_channel(xs, scale.double(), zp, axis, torch.qint8 if signed else torch.quint8)

@@ -121,10 +121,25 @@ def _view_shape(p: torch.Tensor, x: torch.Tensor, spec: QuantSpec, what: str) ->
                     f"{', group_size=' + str(spec.group_size) if spec.group_size else ''})")
 
 
-def _expand(p: torch.Tensor, x: torch.Tensor, spec: QuantSpec, what: str) -> torch.Tensor:
-    """`p` reshaped (per-group: repeated along axis) so it broadcasts elementwise against `x`."""
+def _grouped_view(x: torch.Tensor, spec: QuantSpec) -> torch.Tensor | None:
+    """Per-group with whole groups: x viewed as (..., n_groups, group_size, ...), else None."""
+    if spec.granularity is not Granularity.PER_GROUP or x.ndim == 0:
+        return None
+    axis = _norm_axis(spec, x)
+    length, gs = x.shape[axis], spec.group_size
+    if length % gs:
+        return None
+    return x.reshape(*x.shape[:axis], length // gs, gs, *x.shape[axis + 1:])
+
+
+def _expand(p: torch.Tensor, x: torch.Tensor, spec: QuantSpec, what: str, grouped: bool = False) -> torch.Tensor:
+    """`p` reshaped so it broadcasts elementwise against `x` (per-group: repeated along axis), or
+    with `grouped`, against `_grouped_view(x, spec)` (no copy)."""
     shape = _view_shape(p, x, spec, what)
     p = p.reshape(shape)
+    if grouped and shape:
+        axis = _norm_axis(spec, x)
+        return p.unsqueeze(axis + 1)
     if spec.granularity is Granularity.PER_GROUP and shape:
         axis = _norm_axis(spec, x)
         p = p.repeat_interleave(spec.group_size, dim=axis)
@@ -270,17 +285,23 @@ class _FakeQuantize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                 grad_mode: GradMode, grad_factor: float) -> torch.Tensor:  # type: ignore[override]
-        s = _expand(scale.detach().to(torch.float32), x, spec, "scale")
+        xg = _grouped_view(x, spec)
+        grouped = xg is not None
+        s = _expand(scale.detach().to(torch.float32), x, spec, "scale", grouped)
         z = None
         if not spec.is_float:
             zf = _int_zero_point(zero_point, spec)
             if bool((zf != 0).any()):
-                z = _expand(zf, x, spec, "zero_point")
+                z = _expand(zf, x, spec, "zero_point", grouped)
         want_mask = grad_mode is GradMode.STE_CLIP and ctx.needs_input_grad[0]
+        xin = xg if grouped else x
         if spec.is_float:
-            out, mask = _fake_fp8(x, s, spec, want_mask)
+            out, mask = _fake_fp8(xin, s, spec, want_mask)
         else:
-            out, mask = _fake_int(x, s, z, spec, want_mask)
+            out, mask = _fake_int(xin, s, z, spec, want_mask)
+        if grouped:
+            out = out.reshape(x.shape)
+            mask = mask.reshape(x.shape) if mask is not None else None
         ctx.spec, ctx.grad_mode, ctx.grad_factor = spec, grad_mode, grad_factor
         if grad_mode is GradMode.STE_CLIP:
             ctx.save_for_backward(mask)
@@ -403,13 +424,16 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Ten
     zero_point = _as_param(zero_point, x, torch.int32)
     _check_scale(scale)
     x32 = x.detach().to(torch.float32)
-    s = _expand(scale.detach().to(torch.float32), x32, spec, "scale")
+    xg = _grouped_view(x32, spec)
+    grouped = xg is not None
+    s = _expand(scale.detach().to(torch.float32), x32, spec, "scale", grouped)
+    xin = xg if grouped else x32
     if spec.is_float:
-        t, _ = _scaled_fp8(x32, s, spec, False)
-        return t.to(spec.storage_dtype)
+        t, _ = _scaled_fp8(xin, s, spec, False)
+        return t.to(spec.storage_dtype).reshape(x.shape)
     zf = _int_zero_point(zero_point, spec)
-    z = _expand(zf, x32, spec, "zero_point") if bool((zf != 0).any()) else None
-    return _quant_int(x32, s, z, spec)
+    z = _expand(zf, x32, spec, "zero_point", grouped) if bool((zf != 0).any()) else None
+    return _quant_int(xin, s, z, spec).reshape(x.shape)
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int | None,
@@ -419,11 +443,14 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.T
         raise DataError(f"dequantize: expected a torch.Tensor, got {type(q).__name__}")
     scale = _as_param(scale, q, torch.float32)
     zero_point = _as_param(zero_point, q, torch.int32)
-    s = _expand(scale.to(torch.float32), q, spec, "scale")
+    qg = _grouped_view(q, spec)
+    grouped = qg is not None
+    qin = qg if grouped else q
+    s = _expand(scale.to(torch.float32), q, spec, "scale", grouped)
     if spec.is_float:
-        return q.to(torch.float32) * s
+        return (qin.to(torch.float32) * s).reshape(q.shape)
     if _is_wide(spec):  # exact integer difference, then one rounding to float32 (as torch's int32 path)
-        z64 = _expand(zero_point.detach().to(torch.float64), q, spec, "zero_point")
-        return (q.to(torch.float64) - z64).to(torch.float32) * s
-    z = _expand(zero_point.to(torch.float32), q, spec, "zero_point")
-    return (q.to(torch.float32) - z) * s
+        z64 = _expand(zero_point.detach().to(torch.float64), q, spec, "zero_point", grouped)
+        return ((qin.to(torch.float64) - z64).to(torch.float32) * s).reshape(q.shape)
+    z = _expand(zero_point.to(torch.float32), q, spec, "zero_point", grouped)
+    return ((qin.to(torch.float32) - z) * s).reshape(q.shape)
