@@ -168,3 +168,80 @@ def test_learnable_from_config():
     q.train()
     q(x).sum().backward()
     assert q.input_quantizer.scale.grad is not None
+
+
+def _conv_bn_net() -> nn.Module:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU(), nn.Flatten(),
+                        nn.Linear(6 * 5 * 5, 3))
+    net.train()
+    for _ in range(3):
+        net(torch.randn(8, 3, 5, 5) * 2 + 1)  # non-trivial running statistics
+    with torch.no_grad():
+        net[1].weight.uniform_(0.5, 1.5)
+        net[1].bias.uniform_(-0.5, 0.5)
+    return net.eval()
+
+
+def test_fuse_conv_bn_float_pair_is_exact():
+    net = _conv_bn_net()
+    fused = nqnn.fuse_conv_bn(net)
+    assert isinstance(fused[0], nqnn.ConvBn2d) and isinstance(fused[1], nn.Identity)
+    x = torch.randn(4, 3, 5, 5)
+    assert torch.equal(fused(x), net(x))
+
+
+def test_quant_conv_bn_eval_is_the_folded_conv():
+    net = _conv_bn_net()
+    q = nqnn.quantize_model(nqnn.fuse_conv_bn(net))
+    assert isinstance(q[0], nqnn.QuantConvBn2d)
+    assert isinstance(q[0].conv, nn.Conv2d) and type(q[0].conv) is nn.Conv2d  # inner conv not re-quantized
+    x = torch.randn(4, 3, 5, 5)
+    with nqnn.calibrate(q):
+        q(x)
+    folded = nqnn.fold_batchnorm(net)
+    nqnn.set_quant_mode(q, "pass_through")
+    torch.testing.assert_close(q(x), folded(x), rtol=1e-5, atol=1e-5)
+    nqnn.set_quant_mode(q, "quantize")
+    # hand reference: int8 per-channel weights of the folded conv, int8 per-tensor input
+    w = folded[0].weight.detach()
+    s_w = w.abs().amax(dim=(1, 2, 3)) / 127
+    w_fq = torch.fake_quantize_per_channel_affine(w, s_w, torch.zeros(6, dtype=torch.int32), 0, -127, 127)
+    x_fq = torch.fake_quantize_per_tensor_affine(x, float(x.abs().max()) / 127.5, 0, -128, 127)
+    expected = nn.functional.conv2d(x_fq, w_fq, folded[0].bias, padding=1)
+    torch.testing.assert_close(q[0](x), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_quant_conv_bn_qat_updates_bn_statistics_and_exports(tmp_path):
+    import numpy as np
+    import onnxruntime as ort
+
+    net = _conv_bn_net()
+    x = torch.randn(32, 3, 5, 5)
+    y = torch.randint(0, 3, (32,))
+    q = nqnn.quantize_model(nqnn.fuse_conv_bn(net))
+    with nqnn.calibrate(q):
+        q(x)
+    nqnn.prepare_qat(q, grad_mode=GradMode.LSQ)
+    mean_before = q[0].bn.running_mean.clone()
+    opt = torch.optim.Adam(q.parameters(), lr=1e-2)
+    q.train()
+    first = last = None
+    for _ in range(15):
+        opt.zero_grad()
+        loss = nn.functional.cross_entropy(q(x), y)
+        loss.backward()
+        opt.step()
+        first = loss.item() if first is None else first
+        last = loss.item()
+    assert last < first
+    assert not torch.equal(q[0].bn.running_mean, mean_before)
+    assert q[0].conv.weight.grad is not None and q[0].bn.weight.grad is not None
+    q.eval()
+    path = nqnn.export_onnx(q, x[:2], tmp_path / "convbn.onnx")
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    got = session.run(None, {session.get_inputs()[0].name: x.numpy()})[0]
+    with torch.no_grad():
+        np.testing.assert_allclose(got, q(x).numpy(), rtol=1e-4, atol=1e-4)

@@ -12,6 +12,9 @@ from netquant.nn.config import LayerQuantConfig, ModelQuantConfig, QuantizerConf
 from netquant.nn.convert import quantize_dynamic, quantize_model, quantizers, set_quant_mode
 from netquant.nn.export import export_onnx
 from netquant.nn.modules import (
+    ConvBn1d,
+    ConvBn2d,
+    ConvBn3d,
     QuantAdaptiveAvgPool1d,
     QuantAdaptiveAvgPool2d,
     QuantAdaptiveAvgPool3d,
@@ -23,6 +26,9 @@ from netquant.nn.modules import (
     QuantConv1d,
     QuantConv2d,
     QuantConv3d,
+    QuantConvBn1d,
+    QuantConvBn2d,
+    QuantConvBn3d,
     QuantConvTranspose1d,
     QuantConvTranspose2d,
     QuantConvTranspose3d,
@@ -32,10 +38,11 @@ from netquant.nn.modules import (
     QuantMatmul,
     QuantModule,
 )
-from netquant.nn.qat import fold_batchnorm, freeze_observers, prepare_qat
+from netquant.nn.qat import fold_batchnorm, freeze_observers, fuse_conv_bn, prepare_qat
 from netquant.nn.quantizer import QuantizerRole, QuantMode, TensorQuantizer
 
 __all__ = [
+    "ConvBn1d", "ConvBn2d", "ConvBn3d", "QuantConvBn1d", "QuantConvBn2d", "QuantConvBn3d", "fuse_conv_bn",
     "LayerQuantConfig", "ModelQuantConfig", "QuantAdaptiveAvgPool1d", "QuantAdaptiveAvgPool2d",
     "QuantAdaptiveAvgPool3d", "QuantAdd", "QuantAvgPool1d", "QuantAvgPool2d", "QuantAvgPool3d", "QuantCat",
     "QuantConv1d", "QuantConv2d", "QuantConv3d", "QuantConvTranspose1d", "QuantConvTranspose2d",

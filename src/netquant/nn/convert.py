@@ -36,10 +36,14 @@ def quantize_model(model: nn.Module, config: ModelQuantConfig | None = None, *,
         raise ConfigError(f"quantize_model: {type(model).__name__} has no supported module to quantize; "
                           f"supported types are {', '.join(kinds)}")
     replaced = 0
+    converted: list[str] = []
     for name, module in supported:
+        if any(name.startswith(prefix + ".") for prefix in converted):
+            continue  # inside a module already converted (e.g. the conv of a ConvBn2d)
         layer = config.resolve(name, module)
         if layer is None:
             continue
+        converted.append(name)
         if isinstance(module, FUNCTIONAL_SITES):
             module.init_quantizers(layer)
         else:

@@ -18,6 +18,7 @@ from torch import fx, nn
 from netquant.core.ops import GradMode
 from netquant.errors import CalibrationError, ConfigError
 from netquant.nn.convert import name_quantizers, quantizers
+from netquant.nn.modules.conv_bn import CONV_BN_TYPES
 from netquant.nn.quantizer import QuantizerRole
 
 _CONVS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -93,6 +94,25 @@ def fold_batchnorm(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     for conv_name, bn_name in pairs:
         _fold_into(model.get_submodule(conv_name), model.get_submodule(bn_name))
         _set_submodule(model, bn_name, nn.Identity())
+    return model
+
+
+def fuse_conv_bn(model: nn.Module, *, inplace: bool = False) -> nn.Module:
+    """Pair every Conv*d directly followed by its BatchNorm into ConvBn*d (BN becomes Identity), so that
+    quantize_model makes QuantConvBn*d: QAT with BN statistics, BN folded into the quantized weight."""
+    if not inplace:
+        model = copy.deepcopy(model)
+    try:
+        pairs = _conv_bn_pairs_fx(model)
+    except Exception:  # untraceable control flow: fall back to Sequential adjacency
+        pairs = _conv_bn_pairs_sequential(model)
+    for conv_name, bn_name in pairs:
+        conv, bn = model.get_submodule(conv_name), model.get_submodule(bn_name)
+        if type(conv) not in CONV_BN_TYPES:
+            continue
+        pair = CONV_BN_TYPES[type(conv)](conv, bn)
+        _set_submodule(model, bn_name, nn.Identity())
+        _set_submodule(model, conv_name, pair)
     return model
 
 

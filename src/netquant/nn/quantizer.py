@@ -41,6 +41,8 @@ class QuantizerRole(enum.Enum):
     ACTIVATION = "activation"
 
 
+_EPS = float(torch.finfo(torch.float32).eps)
+
 # Set by netquant.nn.export while tracing: quantizers then emit the ONNX Q/DQ custom op.
 EXPORTING: contextvars.ContextVar[bool] = contextvars.ContextVar("netquant_nn_exporting", default=False)
 
@@ -232,6 +234,9 @@ class TensorQuantizer(nn.Module):
             return self._dynamic_fake_quant(x)
         if self.training and not self.frozen:
             self._training_step(x)
+        if self.is_learnable:  # as torch.ao's _LearnableFakeQuantize: keep a learned scale positive
+            with torch.no_grad():
+                self.scale.clamp_(min=_EPS)
         if not self.is_calibrated:
             raise CalibrationError(f"quantizer '{self.name}' is in QUANTIZE mode but has no params; "
                                    "calibrate the model (netquant.nn.calibrate) before running it")
