@@ -5,6 +5,10 @@ Integer formats (bit-exact with torch's fake-quant kernels for ROUND_HALF_EVEN):
     q  = clamp(round(x * (1/s)) + z, qmin, qmax)      # 1/s in float32, as torch's kernels
     x' = (q - z) * s
 
+Rounding happens before z is added (ONNX QuantizeLinear, torch fake-quant). torch.quantize_per_tensor
+/ quantize_per_channel (fbgemm) instead round x/s + z in float32, so on exact ties with an odd zero
+point (and, for qint32, beyond 2^24) their int_repr differs from `quantize`; elsewhere it is equal.
+
 FP8 formats (as torchao): q = cast_fp8(clamp(x / s, -fmax, fmax)), x' = float(q) * s.
 
 Scale / zero point broadcast by `spec.granularity`: shape () (or any 1-element shape) per tensor,
