@@ -157,3 +157,15 @@ def test_calibrate_with_named_observer():
     with nqnn.calibrate(q2):
         q2(x)
     assert q2.input_quantizer.scale.item() == pytest.approx(100.0 / 127.5)
+
+
+def test_calibrate_runs_in_eval_mode_and_restores_training_flag():
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Dropout(0.5))
+    q = nqnn.quantize_model(model)
+    q.train()
+    mean_before = q[1].running_mean.clone()
+    with nqnn.calibrate(q):
+        assert not q.training
+        q(torch.randn(8, 4) + 3)
+    assert q.training
+    assert torch.equal(q[1].running_mean, mean_before)  # BN statistics untouched by calibration

@@ -46,7 +46,11 @@ PRESETS = {
 }
 
 
-@pytest.mark.parametrize("preset", list(PRESETS))
+SLOW_PRESETS = {"int8_opset18", "w4a4_opset18"}
+
+
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p in SLOW_PRESETS else p
+                                    for p in PRESETS])
 def test_onnxruntime_matches_fake_quant_model(preset, tmp_path):
     cfg, opset, qtype = PRESETS[preset]
     x = torch.rand(6, 3, 8, 8)

@@ -5,7 +5,7 @@
             model(batch)
 
 Inside, every enabled activation quantizer observes what flows through it and returns it
-unchanged (the model computes in FP32).  On exit, weight quantizers take params from the weights
+unchanged (the model computes in FP32, in eval mode; its training flag is restored on exit).  On exit, weight quantizers take params from the weights
 themselves (per channel / group) and activation quantizers from their observers; quantizers that
 saw no data raise a CalibrationError naming them.  On an exception the previous state is restored.
 """
@@ -38,6 +38,8 @@ def calibrate(model: nn.Module, observer: str | None = None, **observer_opts: An
             quantizer.start_calibration(observer, **observer_opts)
         else:
             quantizer.mode = QuantMode.CALIBRATE
+    was_training = model.training
+    model.eval()  # inference behaviour while observing: no BN statistic updates, no dropout
     try:
         with torch.no_grad():
             yield model
@@ -46,6 +48,8 @@ def calibrate(model: nn.Module, observer: str | None = None, **observer_opts: An
             quantizer.mode, quantizer.observer_name, quantizer.observer_opts = saved[name]
             quantizer._observer = None
         raise
+    finally:
+        model.train(was_training)
     finish_calibration(model)
 
 
