@@ -364,7 +364,7 @@ def _lsq_backward(x: torch.Tensor, dy: torch.Tensor, scale: torch.Tensor, zero_p
     ds = torch.where(below, ds_lo, torch.where(above, ds_hi, ds_in))
     dz = None
     if zero_point.is_floating_point():
-        dz = torch.where(inside, torch.zeros((), dtype=dy.dtype), dy * (-1) * s * gf)
+        dz = torch.where(inside, torch.zeros((), dtype=dy.dtype, device=dy.device), dy * (-1) * s * gf)
     return dx, ds, dz
 
 

@@ -45,8 +45,6 @@ class QParams:
 
 def _as_tensor(v: torch.Tensor | float, name: str) -> torch.Tensor:
     t = v.detach() if isinstance(v, torch.Tensor) else torch.tensor(float(v))
-    if not t.is_floating_point():
-        t = t.to(torch.float32)
     return t.to(torch.float32)
 
 
@@ -64,7 +62,7 @@ def choose_qparams(min_val: torch.Tensor | float, max_val: torch.Tensor | float,
     `name` is used in error messages (e.g. the graph tensor being calibrated).
     """
     lo = _as_tensor(min_val, name)
-    hi = _as_tensor(max_val, name)
+    hi = _as_tensor(max_val, name).to(lo.device)
     if lo.shape != hi.shape:
         raise DataError(f"choose_qparams({name}): min shape {tuple(lo.shape)} != max shape {tuple(hi.shape)}")
     if lo.numel() == 0:
@@ -81,7 +79,7 @@ def choose_qparams(min_val: torch.Tensor | float, max_val: torch.Tensor | float,
     min_neg = torch.minimum(lo, zero)
     max_pos = torch.maximum(hi, zero)
     qmin, qmax = spec.qmin, spec.qmax
-    eps = torch.tensor(EPS, dtype=torch.float32)
+    eps = torch.tensor(EPS, dtype=torch.float32, device=lo.device)
     pow2 = spec.scale_constraint is ScaleConstraint.POWER_OF_TWO
 
     if spec.is_float:
@@ -89,14 +87,14 @@ def choose_qparams(min_val: torch.Tensor | float, max_val: torch.Tensor | float,
         scale = torch.maximum(amax / spec.fp_max, eps)
         if pow2:
             scale = pow2_ceil(scale)
-        zp = torch.zeros(scale.shape, dtype=torch.int32)
+        zp = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
     elif spec.symmetric:
         amax = torch.maximum(-min_neg, max_pos)
         scale = torch.maximum(amax / (float(qmax - qmin) / 2), eps)
         if pow2:
             scale = pow2_ceil(scale)
         mid = 0 if spec.signed else (qmin + qmax + 1) // 2
-        zp = torch.full(scale.shape, mid, dtype=torch.int32)
+        zp = torch.full(scale.shape, mid, dtype=torch.int32, device=scale.device)
     else:
         scale = torch.maximum((max_pos - min_neg) / float(qmax - qmin), eps)
         if pow2:
