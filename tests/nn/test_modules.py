@@ -189,3 +189,33 @@ def test_output_quantizer_and_affine_uint8():
     z_out = int(round(-lo / s_out))
     expected = torch.fake_quantize_per_tensor_affine(y, s_out, z_out, 0, 255)
     torch.testing.assert_close(q(x), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_w4_per_group_linear_matches_hand_reference():
+    torch.manual_seed(0)
+    ref = nn.Linear(32, 6)
+    q = nqnn.quantize_model(ref, nqnn.ModelQuantConfig.w4a16(group_size=8))
+    w = ref.weight.detach()
+    groups = w.reshape(6 * 4, 8)  # (out * groups, group)
+    s = groups.abs().amax(dim=1) / 7.5  # int4 symmetric full range [-8, 7]
+    w_fq = torch.fake_quantize_per_channel_affine(groups, s, torch.zeros(24, dtype=torch.int32), 0, -8, 7)
+    torch.testing.assert_close(q.weight_quantizer.scale, s.reshape(6, 4), rtol=1e-6, atol=0)
+    x = torch.randn(3, 32)
+    torch.testing.assert_close(q(x), nn.functional.linear(x, w_fq.reshape(6, 32), ref.bias), rtol=1e-5, atol=1e-6)
+
+
+def test_fp8_conv_matches_hand_reference():
+    torch.manual_seed(0)
+    ref = nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 6, 6)
+    q = nqnn.quantize_model(ref, nqnn.ModelQuantConfig.fp8())
+    with nqnn.calibrate(q):
+        q(x)
+
+    def fp8(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        return (t / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
+
+    s_x = x.abs().max() / 448
+    s_w = ref.weight.detach().abs().amax(dim=(1, 2, 3)) / 448
+    expected = nn.functional.conv2d(fp8(x, s_x), fp8(ref.weight.detach(), s_w.reshape(4, 1, 1, 1)), ref.bias)
+    torch.testing.assert_close(q(x), expected, rtol=1e-5, atol=1e-6)
