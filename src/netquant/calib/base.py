@@ -70,6 +70,7 @@ class Observer(ABC):
         self.empty_batches = 0
         self._shape_key: tuple[int, ...] | None = None  # per-channel: (C,); per-group: moved shape
         self._param_shape: tuple[int, ...] = ()
+        self._cached_range: tuple[torch.Tensor, torch.Tensor] | None = None
 
     # ---- public API -----------------------------------------------------------------
     def observe(self, x: torch.Tensor) -> None:
@@ -77,6 +78,7 @@ class Observer(ABC):
         batch = self._prepare(x)
         if batch is None:
             return
+        self._cached_range = None
         self._update(batch)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,6 +99,7 @@ class Observer(ABC):
             raise DataError(f"cannot merge {self.name} observers for '{self.tensor_name}': channel layouts "
                             f"differ ({self._shape_key} vs {other._shape_key})")
         self._check_merge_options(other)
+        self._cached_range = None
         if other.num_values > 0:
             if self.num_values == 0:
                 self._shape_key, self._param_shape = other._shape_key, other._param_shape
@@ -115,13 +118,16 @@ class Observer(ABC):
     def range(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The chosen clipping range (lo, hi), float32, shaped like the params."""
         self._require_data()
+        if self._cached_range is not None:
+            return self._cached_range
         lo, hi = self._range()
         bad = ~(torch.isfinite(lo) & torch.isfinite(hi))
         if bool(bad.any()):
             first = int(bad.nonzero()[0, 0])
             raise CalibrationError(f"{self._error_prefix()}: channel {first} (and {int(bad.sum()) - 1} more) "
                                    f"saw no finite value; feed it data or quantize per-tensor")
-        return self._shape_params(lo), self._shape_params(hi)
+        self._cached_range = (self._shape_params(lo), self._shape_params(hi))
+        return self._cached_range
 
     def amax(self) -> torch.Tensor:
         """The chosen threshold max(|lo|, |hi|), shaped like the params."""

@@ -1,8 +1,8 @@
 """Histogram observers: entropy (KL), percentile, MSE (TensorRT family) and torch.ao's L2 search.
 
 The TensorRT family histograms |x| and picks a threshold t per channel; the range is then
-(lo, hi) = (max(min x, -t), min(max x, t)): t for symmetric specs, and both ends clipped
-for affine ones.  `HistL2Observer` histograms x itself and picks both ends.
+(lo, hi) = (max(min x, -t), min(max x, t)) widened to include 0: t for symmetric specs, and
+both ends clipped for affine ones.  `HistL2Observer` histograms x itself and picks both ends.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ from netquant.core.spec import Granularity, QuantSpec
 from netquant.errors import ConfigError
 
 _MSE_CHUNK = 1 << 22  # candidate x bin elements evaluated at once
+
+
+def _clip_range(min_val: torch.Tensor, max_val: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(max(min x, -t), min(max x, t)), widened to include 0 as choose_qparams would."""
+    lo = torch.minimum(torch.maximum(min_val, -t), torch.zeros_like(t))
+    hi = torch.maximum(torch.minimum(max_val, t), torch.zeros_like(t))
+    return lo, hi
 
 
 class HistogramObserverBase(Observer):
@@ -68,9 +75,7 @@ class HistogramObserverBase(Observer):
                 continue
             counts, edges = self.hist.channel(c)
             thresholds[c] = self._threshold(c, counts, edges)
-        lo = torch.maximum(self.min_val, -thresholds)
-        hi = torch.minimum(self.max_val, thresholds)
-        return lo, hi
+        return _clip_range(self.min_val, self.max_val, thresholds)
 
     def _threshold(self, channel: int, counts: torch.Tensor, edges: torch.Tensor) -> float:
         raise NotImplementedError
@@ -135,9 +140,10 @@ class MSEObserver(HistogramObserverBase):
     """The |x| threshold t minimizing sum_bins count * (fake_quantize(center) - center)^2.
 
     Candidates are the bin centers from `start_bin` on (TensorRT); each candidate's params come
-    from choose_qparams(max(min x, -t), t) and the error from netquant's own fake_quantize, so
-    rounding, clipping, narrow range and power-of-two scales are those of deployment.  The error
-    is measured on the |x| histogram (exact for symmetric specs and for non-negative data).
+    from the clipped range (max(min x, -t), min(max x, t)) and the error from netquant's own
+    fake_quantize, so rounding, clipping, narrow range and power-of-two scales are those of
+    deployment.  The error is measured on the |x| histogram placed on the side of the larger
+    magnitude (exact for symmetric specs and for one-signed data, e.g. after ReLU).
     Ties go to the smaller threshold.
     """
 
@@ -158,19 +164,20 @@ class MSEObserver(HistogramObserverBase):
         assert self.min_val is not None
         centers = ((edges[1:] + edges[:-1]) / 2).float()
         n = centers.numel()
-        cand = torch.arange(self.start_bin, n, self.stride)
-        if cand.numel() == 0:
-            cand = torch.tensor([n - 1])
+        cand = torch.arange(self.start_bin, n, self.stride) if self.start_bin < n else torch.tensor([n - 1])
         amax = centers[cand]
         if float(amax.max()) <= 0:
             return 0.0
-        lo = torch.maximum(self.min_val[channel].expand_as(amax), -amax)
+        lo, hi = _clip_range(self.min_val[channel].expand_as(amax), self.max_val[channel].expand_as(amax), amax)
+        # |x| stands for the side of the data holding the largest magnitude
+        side = -1.0 if float(-self.min_val[channel]) > float(self.max_val[channel]) else 1.0
+        points = centers * side
         weights = counts.to(torch.float64)
         errors = []
         step = max(1, _MSE_CHUNK // max(n, 1))
         for s in range(0, amax.numel(), step):
-            qp = choose_qparams(lo[s:s + step], amax[s:s + step], self._candidate_spec, name=self.tensor_name)
-            grid = centers.expand(qp.scale.numel(), n)
+            qp = choose_qparams(lo[s:s + step], hi[s:s + step], self._candidate_spec, name=self.tensor_name)
+            grid = points.expand(qp.scale.numel(), n)
             fq = fake_quantize(grid, qp.scale, qp.zero_point, self._candidate_spec)
             errors.append((((fq.double() - grid.double()) ** 2) * weights).sum(dim=1))
         err = torch.cat(errors)
