@@ -5,7 +5,8 @@ Run:  python benchmarks/qat_digits.py [--seeds 0 1 2] [--qat-epochs 6] [--quiet]
 One run trains the FP32 model, folds BatchNorm, then measures:
   * netquant W8A8 PTQ (INT8 TensorRT-style preset) and its QDQ ONNX export in onnxruntime,
   * netquant W4A4 PTQ (int4 per-channel weights, uint4 activations, MSE calibration),
-  * netquant W4A4 QAT with LSQ (learned scales, plain Adam loop, a short schedule),
+  * netquant W4A4 QAT with LSQ (learned scales, plain Adam loop, a short schedule), once on the
+    BN-folded model and once with QuantConvBn2d (BN statistics kept alive during QAT),
   * torch.ao eager post-training static quantization (x86 backend, int8 kernels) of the same model,
 and writes benchmarks/results/qat_digits.md.
 """
@@ -173,6 +174,10 @@ def run_seed(seed: int, qat_epochs: int, progress: Progress | None, threads: int
     qat = netquant_qat(w4a4, x_tr, y_tr, epochs=qat_epochs, seed=seed, progress=progress)
     r["qat_s"] = time.perf_counter() - t0
     r["w4a4_qat"] = accuracy(qat, x_te, y_te)
+    # the same schedule with BatchNorm kept alive during QAT (ConvBn pairs, BN folded into the weight)
+    w4a4_bn = netquant_ptq(nqnn.fuse_conv_bn(fp32), nqnn.ModelQuantConfig.w4a4(activation_observer="mse"), calib)
+    r["w4a4_qat_bn"] = accuracy(netquant_qat(w4a4_bn, x_tr, y_tr, epochs=qat_epochs, seed=seed, progress=progress),
+                                x_te, y_te)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch.ao announces its own deprecation
@@ -207,7 +212,8 @@ def report(rows: list[dict[str, float]], seeds: list[int], qat_epochs: int, wall
     lines = [
         "# W4A4 PTQ + LSQ QAT on scikit-learn digits (netquant.nn) vs torch.ao eager PTQ",
         "",
-        f"Model: 2x(Conv3x3+BN+ReLU) -> AvgPool -> Linear, BN folded before quantization; 1347 train / 450 "
+        f"Model: 2x(Conv3x3+BN+ReLU) -> AvgPool -> Linear, BN folded before quantization (except the "
+        f"QuantConvBn2d row); 1347 train / 450 "
         f"test images (8x8); PTQ calibration on 512 training images; QAT: {qat_epochs} epochs of LSQ "
         f"(Adam, lr 1e-3, cosine). Seeds {seeds}; mean ± stdev over seeds. Machine: {platform.machine()}, "
         f"{torch.get_num_threads()} thread(s) for torch and onnxruntime on a shared 2-core box; torch {torch.__version__}, "
@@ -224,7 +230,10 @@ def report(rows: list[dict[str, float]], seeds: list[int], qat_epochs: int, wall
         f"{delta(rows, 'ao_int8')} |",
         f"| netquant PTQ, W4A4 (MSE calibration) | 4/4 | {spread(rows, 'w4a4_ptq')} | "
         f"{delta(rows, 'w4a4_ptq')} |",
-        f"| netquant QAT, W4A4 LSQ | 4/4 | {spread(rows, 'w4a4_qat')} | {delta(rows, 'w4a4_qat')} |",
+        f"| netquant QAT, W4A4 LSQ (BN folded before QAT) | 4/4 | {spread(rows, 'w4a4_qat')} | "
+        f"{delta(rows, 'w4a4_qat')} |",
+        f"| netquant QAT, W4A4 LSQ with QuantConvBn2d (BN statistics live during QAT) | 4/4 | "
+        f"{spread(rows, 'w4a4_qat_bn')} | {delta(rows, 'w4a4_qat_bn')} |",
         "",
         f"W4A4 QAT target (within 2 points of FP32): "
         f"{'met' if fp32 - mean(rows, 'w4a4_qat') <= 2.0 else 'NOT met'}.",
@@ -242,12 +251,12 @@ def report(rows: list[dict[str, float]], seeds: list[int], qat_epochs: int, wall
         f"| FP32 inference, 450 images (PyTorch) | {mean(rows, 'fp32_infer_ms'):.2f} | | |",
         f"| W4A4 LSQ QAT, {qat_epochs} epochs (s) | {mean(rows, 'qat_s'):.1f} | n/a (no eager W4A4) | |",
         "",
-        "Per seed (FP32 / W8A8 / W8A8 ORT / torch.ao / W4A4 PTQ / W4A4 QAT):",
+        "Per seed (FP32 / W8A8 / W8A8 ORT / torch.ao / W4A4 PTQ / W4A4 QAT / W4A4 QAT ConvBn):",
         "",
     ]
     for seed, row in zip(seeds, rows):
         lines.append(f"- seed {seed}: {row['fp32']:.2f} / {row['w8a8']:.2f} / {row['w8a8_ort']:.2f} / "
-                     f"{row['ao_int8']:.2f} / {row['w4a4_ptq']:.2f} / {row['w4a4_qat']:.2f}")
+                     f"{row['ao_int8']:.2f} / {row['w4a4_ptq']:.2f} / {row['w4a4_qat']:.2f} / {row['w4a4_qat_bn']:.2f}")
     return "\n".join(lines) + "\n"
 
 

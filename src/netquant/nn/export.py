@@ -18,7 +18,6 @@ from typing import Any
 
 import onnx
 import torch
-from onnxscript import values as onnxscript_values
 from torch import nn
 
 from netquant.errors import ExportError
@@ -28,6 +27,10 @@ from netquant.nn.quantizer import EXPORTING, QuantMode
 
 MIN_OPSET = 18  # torch.onnx's torch.export-based exporter emits opset 18 or later
 def _qdq_translation(opset: int) -> Any:
+    try:
+        from onnxscript import values as onnxscript_values  # needed by torch.onnx's dynamo exporter
+    except ImportError as exc:
+        raise ExportError("export_onnx needs the onnxscript package (pip install onnxscript)") from exc
     op = onnxscript_values.Opset("", opset)
 
     def qdq_onnx(x: Any, scale: Any, zero_point: Any, axis: int, block_size: int, onnx_type: int) -> Any:
