@@ -113,11 +113,11 @@ class Histogram:
             lo = torch.zeros_like(cmin)
             hi = torch.maximum(cmin.abs(), cmax.abs())
             hi = torch.where(torch.isfinite(cmin), hi, torch.full_like(hi, -_INF))
-            values = values.abs()
         has = torch.isfinite(hi)
         self.vmin = torch.where(has, torch.minimum(self.vmin, lo), self.vmin)
         self.vmax = torch.where(has, torch.maximum(self.vmax, hi), self.vmax)
-        self._fit_grid(has)
+        if not self._covered():
+            self._fit_grid(has)
         if finite is None and not bool(self.initialized.all()):
             finite = torch.ones_like(values, dtype=torch.bool)
         if finite is not None:
@@ -127,6 +127,24 @@ class Histogram:
                 self.pending_zeros += torch.where(waiting[:, None], finite, False).sum(dim=1).double()
                 finite = finite & self.initialized[:, None]
         self._count(values, finite)
+
+    def _covered(self) -> bool:
+        """True when every channel has a grid whose bins already hold [vmin, vmax] (fast path)."""
+        if self.channels == 0 or not bool(self.initialized.all()):
+            return False
+        w32 = self.width.float()
+        last = self.first + self.nbins - 1
+        seen = torch.isfinite(self.vmax)
+        if self.grid is GridMode.TENSORRT and not self.signed:
+            top = torch.ceil(self.vmax / w32).to(torch.int64) - 1
+        else:
+            top = torch.floor(self.vmax / w32).to(torch.int64)
+        ok = top <= last
+        if self.signed:
+            ok &= torch.floor(self.vmin / w32).to(torch.int64) >= self.first
+        if self.grid is GridMode.POW2:  # the width must also still be the one for this range
+            ok &= self._target_width(seen) == self.width
+        return bool((ok | ~seen).all())
 
     def _target_width(self, has: torch.Tensor) -> torch.Tensor:
         """Grid width per channel for the range [vmin, vmax] seen so far (0 = no grid yet)."""
@@ -215,29 +233,45 @@ class Histogram:
             self.pending_zeros[rows] = 0.0
 
     def _count(self, values: torch.Tensor, finite: torch.Tensor | None) -> None:
+        """Bin a (C, N) batch: k = floor(v / w) (v = |x| for abs histograms), in float32 like
+        torch.histc, clamped to the channel's bins; counted with one int32 bincount."""
         channels, cols = self.counts.shape
         if cols == 0:
             return
-        if channels == 1:
-            w = float(self.width[0])
-            idx = values.view(-1) / torch.tensor(w, dtype=torch.float32)
-            if self.signed:
-                idx = idx.floor_()
-            idx = idx.to(torch.int64)
-            if self.signed and int(self.first[0]) != 0:
-                idx -= int(self.first[0])
-            idx.clamp_(0, int(self.nbins[0]) - 1)
-            if finite is not None:
-                idx = idx[finite.view(-1)]
-            self.counts[0] += torch.bincount(idx, minlength=cols).to(torch.float64)
+        if channels * cols >= 1 << 24:  # offsets no longer exact in float32
+            self._count_wide(values, finite)
             return
+        if channels == 1:
+            t = values.reshape(-1) / self.width.float()
+        else:
+            t = values / self.width.float().where(self.initialized, 1.0)[:, None]
+        if self.signed:
+            t.floor_()
+            t -= self.first.float().view(-1, 1) if channels > 1 else float(self.first[0])
+        else:
+            t.abs_()
+        if channels == 1:
+            t.clamp_(0, float(self.nbins[0] - 1))
+        else:
+            t.clamp_(min=0)
+            t = torch.minimum(t, (self.nbins - 1).clamp(min=0).float()[:, None])
+            t += (torch.arange(channels) * cols).float()[:, None]
+        if finite is not None:
+            t = t[finite.reshape(t.shape)]
+        idx = t.reshape(-1).to(torch.int32)
+        binned = torch.bincount(idx, minlength=channels * cols)
+        self.counts.view(-1).add_(binned.to(torch.float64))
+
+    def _count_wide(self, values: torch.Tensor, finite: torch.Tensor | None) -> None:
+        channels, cols = self.counts.shape
         w32 = torch.where(self.width > 0, self.width, 1.0).float()
-        idx = torch.floor(values / w32[:, None]).to(torch.int64) - self.first[:, None]
+        v = values if self.signed else values.abs()
+        idx = torch.floor(v / w32[:, None]).to(torch.int64) - self.first[:, None]
         idx = torch.minimum(idx.clamp_(min=0), (self.nbins - 1).clamp(min=0)[:, None])
         idx += (torch.arange(channels) * cols)[:, None]
         if finite is not None:
             idx = idx[finite]
-        self.counts.view(-1).add_(torch.bincount(idx.view(-1), minlength=channels * cols).to(torch.float64))
+        self.counts.view(-1).add_(torch.bincount(idx.reshape(-1), minlength=channels * cols).to(torch.float64))
 
     # ---- merging --------------------------------------------------------------------
     def copy(self) -> Histogram:
