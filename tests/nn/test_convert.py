@@ -169,3 +169,9 @@ def test_calibrate_runs_in_eval_mode_and_restores_training_flag():
         q(torch.randn(8, 4) + 3)
     assert q.training
     assert torch.equal(q[1].running_mean, mean_before)  # BN statistics untouched by calibration
+
+
+def test_quantizing_twice_says_so():
+    q = nqnn.quantize_model(nn.Sequential(nn.Linear(2, 2)))
+    with pytest.raises(ConfigError, match="already quantized"):
+        nqnn.quantize_model(q)

@@ -31,6 +31,9 @@ def quantize_model(model: nn.Module, config: ModelQuantConfig | None = None, *,
         model = copy.deepcopy(model)
     supported = [(name, mod) for name, mod in model.named_modules()
                  if type(mod) in FLOAT_TO_QUANT or isinstance(mod, FUNCTIONAL_SITES)]
+    if not supported and any(isinstance(m, QuantModule) for m in model.modules()):
+        raise ConfigError(f"quantize_model: {type(model).__name__} is already quantized (it holds netquant "
+                          "quantized modules); quantize the float model instead")
     if not supported:
         kinds = sorted({t.__name__ for t in FLOAT_TO_QUANT} | {t.__name__ for t in FUNCTIONAL_SITES})
         raise ConfigError(f"quantize_model: {type(model).__name__} has no supported module to quantize; "
