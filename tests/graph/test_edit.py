@@ -18,6 +18,7 @@ from netquant.graph.edit import (
     constants_to_initializers,
     fold_batchnorm,
     fold_constants,
+    fold_conv_affine,
     remove_identity,
 )
 from netquant.graph.pattern import match_chains
@@ -237,3 +238,44 @@ def test_match_chains_on_ppocr_cls() -> None:
     for conv, bn, act in chains:
         assert bn.inputs[0] == conv.outputs[0] and act.inputs[0] == bn.outputs[0]
         assert g.consumers(conv.outputs[0]) == [bn]
+
+
+@pytest.mark.parametrize("order", ["mul_first", "add_first", "const_left"])
+def test_fold_conv_affine(order: str) -> None:
+    w = RNG.standard_normal((6, 4, 3, 3)).astype(np.float32)
+    inits = [nh.from_array(w, "W"), nh.from_array(RNG.standard_normal(6).astype(np.float32), "B"),
+             nh.from_array(RNG.standard_normal((6, 1, 1)).astype(np.float32), "s"),
+             nh.from_array(RNG.standard_normal((1, 6, 1, 1)).astype(np.float32), "d")]
+    conv = oh.make_node("Conv", ["x", "W", "B"], ["c"], name="conv")
+    if order == "mul_first":
+        tail = [oh.make_node("Mul", ["c", "s"], ["m"]), oh.make_node("Add", ["m", "d"], ["y"])]
+    elif order == "add_first":
+        tail = [oh.make_node("Add", ["c", "d"], ["m"]), oh.make_node("Mul", ["m", "s"], ["y"])]
+    else:
+        tail = [oh.make_node("Mul", ["s", "c"], ["m"]), oh.make_node("Add", ["d", "m"], ["y"])]
+    model = _model([conv, *tail], [oh.make_tensor_value_info("x", TP.FLOAT, [2, 4, 7, 7])],
+                   [oh.make_tensor_value_info("y", TP.FLOAT, ["n", "c", "h", "w"])], inits)
+    g = load_onnx(model)
+    assert fold_conv_affine(g) == 2
+    assert [n.op_type for n in g.nodes] == ["Conv"] and g.nodes[0].outputs == ["y"]
+    assert set(g.initializers) == set(g.nodes[0].inputs[1:])
+    _check_same(model, to_onnx(g), {"x": RNG.standard_normal((2, 4, 7, 7)).astype(np.float32)})
+
+
+def test_fold_conv_affine_skips_non_per_channel_constants() -> None:
+    inits = [nh.from_array(RNG.standard_normal((6, 4, 1, 1)).astype(np.float32), "W"),
+             nh.from_array(RNG.standard_normal((1, 1, 7, 7)).astype(np.float32), "spatial")]
+    nodes = [oh.make_node("Conv", ["x", "W"], ["c"]), oh.make_node("Mul", ["c", "spatial"], ["y"])]
+    model = _model(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [2, 4, 7, 7])],
+                   [oh.make_tensor_value_info("y", TP.FLOAT, [2, 6, 7, 7])], inits)
+    g = load_onnx(model)
+    assert fold_conv_affine(g) == 0 and len(g.nodes) == 2
+
+
+def test_fold_conv_affine_on_ppocr_rec(tmp_path) -> None:
+    path = ppocr_model_path("rec")
+    g = load_onnx(path)
+    assert fold_conv_affine(g) > 50
+    save_onnx(g, tmp_path / "rec.onnx")
+    x = ppocr_input("rec")
+    assert rel_err(ort_run(str(tmp_path / "rec.onnx"), {"x": x})[0], ort_run(str(path), {"x": x})[0]) <= 1e-4

@@ -10,11 +10,12 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from _graph_helpers import ort_run
+from _graph_helpers import ort_run, ppocr_input
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
+from netquant.api.zoo import ppocr_model_path
 from netquant.errors import DataError, ModelError, UnsupportedOpError
 from netquant.graph import Executor, load_onnx
 
@@ -271,3 +272,72 @@ def test_model_error_for_missing_subgraph_runner() -> None:
 
     with pytest.raises(ModelError, match="no subgraph runner"):
         if_([torch.tensor(True)], {"then_branch": None, "else_branch": None}, OpContext("If", "n"))
+
+
+# ---------------------------------------------------------------------------- fast path
+def _alias_model() -> onnx.ModelProto:
+    """a = Relu(x); b = Identity(a); r = Reshape(a); c = Add(a, one) (a's last use); outputs b, r, c, x2"""
+    nodes = [oh.make_node("Relu", ["x"], ["a"]), oh.make_node("Identity", ["a"], ["b"]),
+             oh.make_node("Reshape", ["a", "shape"], ["r"]), oh.make_node("Add", ["a", "one"], ["c"]),
+             oh.make_node("Mul", ["x", "one"], ["x2"])]
+    graph = oh.make_graph(nodes, "alias", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
+                          [oh.make_tensor_value_info(n, TP.FLOAT, None) for n in ("b", "r", "c", "x2")],
+                          [nh.from_array(np.array(1.0, np.float32), "one"),
+                           nh.from_array(np.array([3, 2], np.int64), "shape")])
+    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model.ir_version = 8
+    return model
+
+
+def test_inplace_never_overwrites_aliases_or_user_inputs() -> None:
+    ex = Executor(load_onnx(_alias_model()))
+    x = torch.tensor([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]])
+    x_before = x.clone()
+    out = ex.run([x])
+    relu = torch.relu(x_before)
+    assert torch.equal(x, x_before)
+    assert torch.equal(out["b"], relu) and torch.equal(out["r"], relu.reshape(3, 2))
+    assert torch.equal(out["c"], relu + 1) and torch.equal(out["x2"], x_before)
+
+
+def test_inplace_path_is_taken_and_bit_identical(monkeypatch) -> None:
+    from netquant.graph import fastpath
+
+    calls: list[str] = []
+    for op, fn in list(fastpath.INPLACE.items()):
+        def counting(inputs, attrs, opset, idx, _fn=fn, _op=op):
+            out = _fn(inputs, attrs, opset, idx)
+            if out is not None:
+                calls.append(_op)
+            return out
+        monkeypatch.setitem(fastpath.INPLACE, op, counting)
+    graph = load_onnx(ppocr_model_path("cls"))
+    x = ppocr_input("cls")
+    fast = Executor(graph).run([x])
+    assert calls.count("Add") > 10 and calls.count("Relu") > 5
+    slow = Executor(graph, inplace=False).run([x])
+    for name in fast:
+        assert torch.equal(fast[name], slow[name])
+
+
+def test_no_inplace_when_hooks_observe() -> None:
+    ex = Executor(load_onnx(_alias_model()))
+    seen = {}
+
+    def keep_first_input(node, ins):
+        seen[node.op_type] = ins[0]
+
+    ex.add_pre_hook(keep_first_input)
+    x = torch.tensor([[-1.0, 2.0, -3.0], [4.0, -5.0, 6.0]])
+    ex.run([x])
+    assert torch.equal(seen["Add"], torch.relu(x))  # the hook's reference was not overwritten
+
+
+def test_channels_last_gives_same_values_and_contiguous_outputs() -> None:
+    graph = load_onnx(ppocr_model_path("det"))
+    x = ppocr_input("det")
+    a = Executor(graph).run([x])
+    b = Executor(graph, channels_last=False, inplace=False).run([x])
+    for name in a:
+        assert a[name].is_contiguous()
+        torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)

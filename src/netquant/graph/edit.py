@@ -180,7 +180,7 @@ def _set_initializer(graph: Graph, owner: Node, slot: int, value: torch.Tensor, 
 
 def _absorb_bn(graph: Graph, producer: Node, bn: Node) -> None:
     """producer now writes BN's output name; BN and its unread params disappear."""
-    params = set(bn.inputs[1:])
+    params = set(bn.inputs) - {producer.outputs[0], ""}
     graph.nodes.remove(bn)
     graph.value_info.pop(producer.outputs[0], None)
     graph.declared_value_info.discard(producer.outputs[0])
@@ -266,6 +266,61 @@ def fold_batchnorm(graph: Graph) -> int:
         else:
             done = _fold_into_conv(graph, producer, bn)
         count += int(done)
+    return count
+
+
+# ---------------------------------------------------------------------------- Conv -> Mul / Add constants
+def _per_channel(value: torch.Tensor, channels: int, rank: int) -> torch.Tensor | None:
+    """value as a [channels] vector if it broadcasts over a [N, C, ...] tensor of `rank` per channel."""
+    if value.numel() == 1:
+        return value.reshape(1).expand(channels).to(torch.float64)
+    if value.dim() > rank:
+        return None
+    shape = [1] * (rank - value.dim()) + list(value.shape)
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] != channels:
+        return None
+    return value.reshape(channels).to(torch.float64)
+
+
+def fold_conv_affine(graph: Graph) -> int:
+    """Fold per-channel constant Mul / Add that directly follow a Conv into its weight and bias:
+    Conv(x, W, b) * s = Conv(x, W * s, b * s);  Conv(x, W, b) + d = Conv(x, W, b + d).
+    (Paddle exports BatchNorm-like affines this way.)  Returns the number of folded nodes."""
+    constants_to_initializers(graph)
+    count = 0
+    changed = True
+    while changed:
+        changed = False
+        for conv, op in match_chains(graph, ["Conv", "Mul|Add"]):
+            if conv.domain not in ("", "ai.onnx") or op.domain not in ("", "ai.onnx"):
+                continue
+            if len(conv.inputs) < 2 or conv.inputs[1] not in graph.initializers:
+                continue
+            has_b = len(conv.inputs) > 2 and bool(conv.inputs[2])
+            if has_b and conv.inputs[2] not in graph.initializers:
+                continue
+            other = [i for i in op.inputs if i != conv.outputs[0]]
+            if len(other) != 1 or len(op.inputs) != 2 or other[0] not in graph.initializers:
+                continue
+            w = graph.initializers[conv.inputs[1]]
+            const = graph.initializers[other[0]]
+            if not w.is_floating_point() or const.dtype != w.dtype:
+                continue
+            vec = _per_channel(const, w.shape[0], w.dim())
+            if vec is None:
+                continue
+            b = graph.initializers[conv.inputs[2]].to(torch.float64) if has_b else torch.zeros(
+                w.shape[0], dtype=torch.float64)
+            if op.op_type == "Mul":
+                w_new = w.to(torch.float64) * vec.reshape(-1, *([1] * (w.dim() - 1)))
+                _set_initializer(graph, conv, 1, w_new.to(w.dtype), f"{conv.name}_W_scaled")
+                b_new = b * vec
+            else:
+                b_new = b + vec
+            _set_initializer(graph, conv, 2, b_new.to(w.dtype), f"{conv.name}_B_folded")
+            _absorb_bn(graph, conv, op)  # conv takes over op's output name; op's constant dropped if unread
+            count += 1
+            changed = True
     return count
 
 

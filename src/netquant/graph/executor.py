@@ -9,6 +9,7 @@ initializers, e.g. ConstantOfShape weights) are evaluated once at construction.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,6 +19,7 @@ import torch
 
 from netquant.errors import DataError, ModelError, NetquantError
 from netquant.graph.dtypes import numpy_to_torch
+from netquant.graph.fastpath import INPLACE, InplaceFn, storage_is_private
 from netquant.graph.ir import Graph, Node
 from netquant.graph.ops.registry import OpContext, OpFn, lookup_op
 
@@ -53,6 +55,11 @@ def _import_ops() -> None:
     _OPS_IMPORTED = True
 
 
+# references to a tensor nobody else holds, seen from the in-place check: the args list, the local
+# variable and getrefcount's own argument
+_PRIVATE_REFS = 3
+
+
 class Handle:
     """Returned by add_*_hook; remove() detaches the hook."""
 
@@ -77,7 +84,8 @@ class _Step:
 
 @dataclass
 class _Plan:
-    steps: list[tuple[_Step, list[int]]]  # (step, slots to free after it)
+    steps: list[tuple[_Step, list[int], InplaceFn | None, list[int]]]
+    # (step, slots to free after it, in-place variant, input indices it may overwrite)
     out_slots: list[tuple[str, int]]
 
 
@@ -98,12 +106,24 @@ class Executor:
     """
 
     def __init__(self, graph: Graph, device: str | torch.device = "cpu", *, fold_constants: bool = True,
-                 check_inputs: bool = True, _outer_names: Sequence[str] = (),
+                 check_inputs: bool = True, inplace: bool = True, channels_last: bool | None = None,
+                 _outer_names: Sequence[str] = (),
                  _hooks: tuple[list[PreHook], list[PostHook]] | None = None) -> None:
+        """fold_constants: evaluate constant sub-expressions once here.  inplace: overwrite dying
+        activations in cheap elementwise ops when no hook or gradient can observe it.  channels_last:
+        keep 4-D activations of conv nets in NHWC memory order (faster oneDNN convolutions); None = on
+        for CPU graphs with 2-D convolutions.  Values are the same either way."""
         _import_ops()
         self.graph = graph
         self.device = torch.device(device)
         self.check_inputs = check_inputs
+        self.inplace = inplace
+        if channels_last is None:
+            channels_last = self.device.type == "cpu" and any(
+                n.op_type in ("Conv", "ConvTranspose") and n.domain in ("", "ai.onnx")
+                and isinstance(graph.initializers.get(n.inputs[1] if len(n.inputs) > 1 else ""), torch.Tensor)
+                and graph.initializers[n.inputs[1]].dim() == 4 for n in graph.nodes)
+        self.channels_last = channels_last
         self._pre_hooks, self._post_hooks = _hooks if _hooks is not None else ([], [])
         self._sub_executors: dict[int, Executor] = {}
         self._plans: dict[tuple[Any, ...], _Plan] = {}
@@ -117,6 +137,12 @@ class Executor:
             proto = TensorProto()
             proto.ParseFromString(graph.opaque_initializers[name])
             self.initializers[name] = numpy_helper.to_array(proto)  # type: ignore[assignment]
+        if channels_last:
+            for node in graph.nodes:
+                if node.op_type in ("Conv", "ConvTranspose") and len(node.inputs) > 1:
+                    w = self.initializers.get(node.inputs[1])
+                    if isinstance(w, torch.Tensor) and w.dim() == 4 and w.is_floating_point():
+                        self.initializers[node.inputs[1]] = w.contiguous(memory_format=torch.channels_last)
         for name in self.initializers:
             self._slot_of(name)
         self._input_slots = [self._slot_of(v.name) for v in graph.inputs]
@@ -223,7 +249,14 @@ class Executor:
             out_slots += [(n, s) for n, s in self._slot.items() if n not in outputs]
         elif keep:
             out_slots += [(n, self._slot[n]) for n in keep if n in self._slot and n not in outputs]
-        plan = _Plan(list(zip(steps, frees)), out_slots)
+        input_slots = set(self._input_slots) | {s for _, s in self._outer_slots}
+        entries = []
+        for step, free in zip(steps, frees):
+            fn = INPLACE.get(step.node.op_type) if step.ctx.domain == "" and not step.has_subgraphs else None
+            targets = [i for i, s in enumerate(step.in_slots)
+                       if s >= 0 and s in free and s not in input_slots and step.in_slots.count(s) == 1]
+            entries.append((step, free, fn if targets else None, targets))
+        plan = _Plan(entries, out_slots)
         self._plans[key] = plan
         return plan
 
@@ -255,6 +288,8 @@ class Executor:
                     self._check_input(name, t, by_name[name])
                 if t.device != self.device:
                     t = t.to(self.device)
+                if self.channels_last and t.dim() == 4 and t.is_floating_point():
+                    t = t.contiguous(memory_format=torch.channels_last)
             bound.append((self._slot[name], t))
         return bound
 
@@ -300,11 +335,19 @@ class Executor:
         outs = tuple(outputs) if outputs is not None else tuple(v.name for v in self.graph.outputs)
         keep_key: tuple[str, ...] | bool = keep if isinstance(keep, bool) else tuple(keep)
         plan = self._plan(outs, keep_key)
-        mode = contextlib.nullcontext() if self._grad_needed(bound) else torch.inference_mode()
+        grad = self._grad_needed(bound)
+        mode = contextlib.nullcontext() if grad else torch.inference_mode()
         with mode:
-            return self._execute(plan, bound, {})
+            result = self._execute(plan, bound, {}, inplace=self.inplace and not grad)
+        if self.channels_last:
+            for name in outs:
+                t = result[name]
+                if isinstance(t, torch.Tensor) and t.dim() == 4 and not t.is_contiguous():
+                    result[name] = t.contiguous()
+        return result
 
-    def _execute(self, plan: _Plan, bound: list[tuple[int, Any]], outer: Mapping[str, Any]) -> dict[str, Any]:
+    def _execute(self, plan: _Plan, bound: list[tuple[int, Any]], outer: Mapping[str, Any],
+                 inplace: bool = False) -> dict[str, Any]:
         env: list[Any] = [None] * len(self._slot)
         for name, t in self.initializers.items():
             env[self._slot[name]] = t
@@ -315,17 +358,37 @@ class Executor:
         for slot, t in bound:
             env[slot] = t
         pre, post = self._pre_hooks, self._post_hooks
-        for step, frees in plan.steps:
+        inplace = inplace and not pre and not post
+        for step, frees, inplace_fn, targets in plan.steps:
             args = [env[s] if s >= 0 else None for s in step.in_slots]
+            if inplace and inplace_fn is not None:
+                result = results = value = None  # drop loop variables that may still hold the target
+                for i in targets:
+                    target = args[i]
+                    if not isinstance(target, torch.Tensor):
+                        continue
+                    env[step.in_slots[i]] = None  # drop our reference; then only args + target remain
+                    if sys.getrefcount(target) <= _PRIVATE_REFS and storage_is_private(target):
+                        result = inplace_fn(args, step.node.attrs, step.ctx.opset, i)
+                        if result is not None:
+                            break
+                    env[step.in_slots[i]] = target
+                if result is not None:
+                    env[step.out_slots[0]] = result
+                    for s in frees:
+                        env[s] = None
+                    continue
             if pre:
                 for hook in pre:
                     new = hook(step.node, args)
                     if new is not None:
                         args = list(new)
             if step.has_subgraphs:
-                scope = {n: env[s] for n, s in step.outer}
-                step.ctx.run_subgraph = self._subgraph_runner(scope)
-            results = self._call(step, args)
+                step.ctx.run_subgraph = self._subgraph_runner({n: env[s] for n, s in step.outer})
+                results = self._call(step, args)
+                step.ctx.run_subgraph = None  # release the outer-scope values
+            else:
+                results = self._call(step, args)
             if post:
                 for hook in post:
                     new = hook(step.node, results)
