@@ -219,3 +219,23 @@ def test_fp8_conv_matches_hand_reference():
     s_w = ref.weight.detach().abs().amax(dim=(1, 2, 3)) / 448
     expected = nn.functional.conv2d(fp8(x, s_x), fp8(ref.weight.detach(), s_w.reshape(4, 1, 1, 1)), ref.bias)
     torch.testing.assert_close(q(x), expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:LSTM with projections:UserWarning")
+def test_lstm_packed_sequence_and_projection():
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    ref = nn.LSTM(4, 6, proj_size=3, batch_first=True)
+    x = torch.randn(3, 5, 4)
+    q = _quantized(copy.deepcopy(ref), x)
+    assert "weight_hr_l0" in q.weight_quantizers
+    packed = pack_padded_sequence(x, torch.tensor([5, 3, 2]), batch_first=True)
+    nqnn.set_quant_mode(q, "pass_through")
+    out_q, _ = q(packed)
+    out_r, _ = ref(packed)
+    assert torch.equal(out_q.data, out_r.data)
+    nqnn.set_quant_mode(q, "quantize")
+    out_q, _ = q(packed)
+    assert out_q.data.shape == out_r.data.shape and not torch.equal(out_q.data, out_r.data)
+    assert (out_q.data - out_r.data).abs().max() < 0.05
