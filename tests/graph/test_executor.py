@@ -341,3 +341,26 @@ def test_channels_last_gives_same_values_and_contiguous_outputs() -> None:
     for name in a:
         assert a[name].is_contiguous()
         torch.testing.assert_close(a[name], b[name], rtol=1e-4, atol=1e-5)
+
+
+def test_model_local_functions_are_inlined() -> None:
+    """y = MyScale(x) with a model-local function MyScale(a) = a * 2 + 1."""
+    two = oh.make_node("Constant", [], ["two"], value=nh.from_array(np.array(2.0, np.float32)))
+    one = oh.make_node("Constant", [], ["one"], value=nh.from_array(np.array(1.0, np.float32)))
+    fn = oh.make_function("local", "MyScale", ["a"], ["b"],
+                          [two, one, oh.make_node("Mul", ["a", "two"], ["t"]), oh.make_node("Add", ["t", "one"], ["b"])],
+                          [oh.make_opsetid("", 17)])
+    graph = oh.make_graph([oh.make_node("MyScale", ["x"], ["y"], domain="local")], "g",
+                          [oh.make_tensor_value_info("x", TP.FLOAT, [3])], [oh.make_tensor_value_info("y", TP.FLOAT, [3])])
+    model = oh.make_model(graph, functions=[fn], opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)])
+    model.ir_version = 8
+    x = np.array([1.0, -2.0, 0.5], np.float32)
+    g = load_onnx(model)
+    np.testing.assert_array_equal(Executor(g).run([x])["y"].numpy(), ort_run(model, {"x": x})[0])
+    assert len(to_onnx_functions(g)) == 1  # the loaded graph itself keeps the function
+
+
+def to_onnx_functions(graph):
+    from netquant.graph import to_onnx
+
+    return to_onnx(graph).functions

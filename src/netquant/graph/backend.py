@@ -86,7 +86,7 @@ class NetquantBackend(Backend):
 
     @classmethod
     def prepare(cls, model: onnx.ModelProto, device: str = "CPU", **kwargs: Any) -> NetquantRep:
-        graph = load_onnx(model, infer_shapes=False)
+        graph = load_onnx(model, infer_shapes=kwargs.get("infer_shapes", True))
         # backend tests feed exactly what the model declares; keep dtype checks, relax nothing else
         return NetquantRep(Executor(graph, _device(device), check_inputs=kwargs.get("check_inputs", True)))
 

@@ -60,6 +60,26 @@ def _import_ops() -> None:
 _PRIVATE_REFS = 3
 
 
+def _inline_local_functions(graph: Graph) -> Graph:
+    """A graph calling model-local functions (ModelProto.functions) is run with them inlined."""
+    if not graph.model_info.functions:
+        return graph
+    import onnx
+    import onnx.inliner
+
+    from netquant.graph.load import load_onnx
+    from netquant.graph.save import to_onnx
+
+    local = set()
+    for raw in graph.model_info.functions:
+        f = onnx.FunctionProto()
+        f.ParseFromString(raw)
+        local.add((f.domain, f.name))
+    if not any((n.domain, n.op_type) in local for g in graph.iter_graphs() for n in g.nodes):
+        return graph
+    return load_onnx(onnx.inliner.inline_local_functions(to_onnx(graph, check=False)), infer_shapes=False)
+
+
 class Handle:
     """Returned by add_*_hook; remove() detaches the hook."""
 
@@ -114,6 +134,7 @@ class Executor:
         keep 4-D activations of conv nets in NHWC memory order (faster oneDNN convolutions); None = on
         for CPU graphs with 2-D convolutions.  Values are the same either way."""
         _import_ops()
+        graph = _inline_local_functions(graph)
         self.graph = graph
         self.device = torch.device(device)
         self.check_inputs = check_inputs
@@ -145,6 +166,7 @@ class Executor:
                         self.initializers[node.inputs[1]] = w.contiguous(memory_format=torch.channels_last)
         for name in self.initializers:
             self._slot_of(name)
+        self._elem_types = self._known_elem_types()
         self._input_slots = [self._slot_of(v.name) for v in graph.inputs]
         self._outer_slots = [(n, self._slot_of(n)) for n in _outer_names]
         self._steps = [self._build_step(node) for node in graph.nodes]
@@ -159,12 +181,29 @@ class Executor:
             slot = self._slot[name] = len(self._slot)
         return slot
 
+    def _known_elem_types(self) -> dict[str, int]:
+        """ONNX element types known for values (declared, inferred, initializers): ops computing in a
+        stand-in dtype (INT4 held as int8, ...) read them from ctx.extras."""
+        from netquant.graph.dtypes import TORCH_TO_ONNX
+
+        g = self.graph
+        types: dict[str, int] = {n: TORCH_TO_ONNX[t.dtype] for n, t in g.initializers.items()
+                                 if t.dtype in TORCH_TO_ONNX}
+        types.update(g.initializer_types)
+        for v in (*g.value_info.values(), *g.inputs, *g.outputs):
+            if v.elem_type:
+                types[v.name] = v.elem_type
+        return types
+
     def _build_step(self, node: Node) -> _Step:
         domain = "" if node.domain in ("", "ai.onnx") else node.domain
         opset = self.graph.opset_imports.get(domain, self.graph.opset if domain == "" else 1)
         fn = lookup_op(node.op_type, domain, opset, node.name)
         ctx = OpContext(op_type=node.op_type, name=node.name, domain=domain, opset=opset,
                         num_outputs=len(node.outputs))
+        # ONNX element types of inputs / outputs where known (None otherwise)
+        ctx.extras["input_elem_types"] = [self._elem_types.get(i) if i else None for i in node.inputs]
+        ctx.extras["output_elem_types"] = [self._elem_types.get(o) if o else None for o in node.outputs]
         outer: list[tuple[str, int]] = []
         subs = list(node.subgraphs())
         if subs:
