@@ -59,6 +59,20 @@ def torch_pad_arg(pads: list[int]) -> list[int]:
     return out
 
 
+# On CPU, oneDNN convolutions run several times faster on channels-last (NHWC) tensors; the output stays
+# channels-last, so following element-wise ops and convolutions keep the layout and only the first
+# convolution of a chain pays the conversion.  Values (and autograd) are unchanged; set False to disable.
+CHANNELS_LAST_ON_CPU = True
+
+
+def _layout(x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
+    if CHANNELS_LAST_ON_CPU and x.dim() == 4 and x.device.type == "cpu" and x.dtype in (torch.float32,
+                                                                                       torch.float64):
+        cl = torch.channels_last
+        return x.contiguous(memory_format=cl), w.contiguous(memory_format=cl)
+    return x, w
+
+
 def conv_nd(x: Tensor, w: Tensor, b: Tensor | None, attrs: dict[str, Any], ctx: OpContext) -> Tensor:
     nd = x.dim() - 2
     if nd not in _CONV:
@@ -68,10 +82,11 @@ def conv_nd(x: Tensor, w: Tensor, b: Tensor | None, attrs: dict[str, Any], ctx: 
     dil = ints(attrs.get("dilations", [1] * nd))
     group = attrs.get("group", 1)
     pads = resolve_pads(attrs, list(x.shape[2:]), kernel, strides, dil, ctx)
-    if pads[:nd] == pads[nd:]:
-        return _CONV[nd](x, w, b, strides, pads[:nd], dil, group)
-    x = F.pad(x, torch_pad_arg(pads))
-    return _CONV[nd](x, w, b, strides, 0, dil, group)
+    if pads[:nd] != pads[nd:]:
+        x = F.pad(x, torch_pad_arg(pads))
+        pads = [0] * (2 * nd)
+    x, w = _layout(x, w)
+    return _CONV[nd](x, w, b, strides, pads[:nd], dil, group)
 
 
 @register_op("Conv")
@@ -131,6 +146,7 @@ def conv_transpose(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCo
     begin, end = pads[:nd], pads[nd:]
     fast = begin == end and all(p >= 0 for p in begin) and all(
         0 <= op < max(s, d) for op, s, d in zip(out_pad, strides, dil))
+    x, w = _layout(x, w)
     if fast:
         return [_CONV_T[nd](x, w, b, strides, begin, out_pad, group, dil)]
     y = _CONV_T[nd](x, w, None, strides, 0, 0, group, dil)

@@ -138,7 +138,7 @@ def resize_tensor(x: Tensor, out_sizes: list[int], scales: list[float], *, mode:
                 bad = bad.reshape(shape).to(x.device)
                 invalid = bad if invalid is None else invalid | bad
         if mode == "nearest":
-            y = torch.index_select(y, ax, _nearest_index(xo, in_len, nearest_mode).to(x.device))
+            y = _take(y, ax, _nearest_index(xo, in_len, nearest_mode))
         else:
             w = _weights(xo, in_len, scales[ax], mode, antialias, cubic_a, exclude_outside)
             yf = y if y.is_floating_point() else y.double()
@@ -148,6 +148,22 @@ def resize_tensor(x: Tensor, out_sizes: list[int], scales: list[float], *, mode:
     if invalid is not None:
         y = torch.where(invalid, torch.tensor(extrapolation, dtype=y.dtype, device=y.device), y)
     return y
+
+
+def _take(x: Tensor, axis: int, idx: Tensor) -> Tensor:
+    """x.index_select(axis, idx) via a strided view (idx = a + k * i) or one broadcast copy
+    (idx = i // k, integer upsampling) when the index pattern allows."""
+    n = idx.numel()
+    if n > 1:
+        step = int(idx[1] - idx[0])
+        if step > 0 and torch.equal(idx, idx[0] + step * torch.arange(n)):
+            return x.narrow(axis, int(idx[0]), (n - 1) * step + 1)[(slice(None),) * axis + (slice(None, None, step),)]
+        k = n // x.shape[axis]
+        if k > 1 and n == k * x.shape[axis] and torch.equal(idx, torch.arange(n) // k):
+            shape = list(x.shape)
+            expanded = x.unsqueeze(axis + 1).expand(*shape[:axis + 1], k, *shape[axis + 1:])
+            return expanded.reshape(*shape[:axis], n, *shape[axis + 1:])
+    return torch.index_select(x, axis, idx.to(x.device))
 
 
 def _round_cast(y: Tensor, dtype: torch.dtype) -> Tensor:
