@@ -24,6 +24,7 @@ placed in bin 0 once the grid exists.
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 
@@ -241,10 +242,12 @@ class Histogram:
         if channels * cols >= 1 << 24:  # offsets no longer exact in float32
             self._count_wide(values, finite)
             return
+        # scratch buffers are reused across batches: fresh multi-MB tensors per batch cost page faults
+        t = self._scratch("_buf_f", values.shape, torch.float32)
         if channels == 1:
-            t = values.reshape(-1) / self.width.float()
+            torch.div(values, self.width.float(), out=t)
         else:
-            t = values / self.width.float().where(self.initialized, 1.0)[:, None]
+            torch.div(values, self.width.float().where(self.initialized, 1.0)[:, None], out=t)
         if self.signed:
             t.floor_()
             t -= self.first.float().view(-1, 1) if channels > 1 else float(self.first[0])
@@ -254,13 +257,23 @@ class Histogram:
             t.clamp_(0, float(self.nbins[0] - 1))
         else:
             t.clamp_(min=0)
-            t = torch.minimum(t, (self.nbins - 1).clamp(min=0).float()[:, None])
+            torch.minimum(t, (self.nbins - 1).clamp(min=0).float()[:, None], out=t)
             t += (torch.arange(channels) * cols).float()[:, None]
         if finite is not None:
-            t = t[finite.reshape(t.shape)]
-        idx = t.reshape(-1).to(torch.int32)
+            idx = t[finite.reshape(t.shape)].to(torch.int32)
+        else:
+            idx = self._scratch("_buf_i", (t.numel(),), torch.int32)
+            idx.copy_(t.view(-1))  # float -> int truncates: floor for t >= 0
         binned = torch.bincount(idx, minlength=channels * cols)
         self.counts.view(-1).add_(binned.to(torch.float64))
+
+    def _scratch(self, name: str, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        buf = getattr(self, name, None)
+        numel = math.prod(shape)
+        if buf is None or buf.numel() < numel:
+            buf = torch.empty(numel, dtype=dtype)
+            setattr(self, name, buf)
+        return buf[:numel].view(shape)
 
     def _count_wide(self, values: torch.Tensor, finite: torch.Tensor | None) -> None:
         channels, cols = self.counts.shape
