@@ -6,6 +6,7 @@ in FP32 (no fake quantization upstream) with the observer each config names.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,6 +15,7 @@ import torch
 from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Node
+from netquant.passes.flat_ranges import FlatRanges, clamp_for_observation
 from netquant.passes.observers import make_observer
 from netquant.passes.pipeline import PassContext
 from netquant.passes.quantizer import GraphIndex
@@ -32,6 +34,8 @@ class CalibrationPass:
         graph = qgraph.graph
         options = qgraph.platform.observer_options
         index = GraphIndex(graph)
+        flat = FlatRanges(graph, index)
+        lower: dict[int, float] = {}  # id(cfg) -> don't-care lower bound of its tensor
         on_input: dict[str, list[tuple[int, TensorQuantConfig, Any]]] = {}
         on_output: dict[str, list[tuple[int, TensorQuantConfig, Any]]] = {}
         observed: list[tuple[TensorQuantConfig, Any]] = []
@@ -50,6 +54,7 @@ class CalibrationPass:
                     continue
                 on_input.setdefault(node.name, []).append((i, cfg, obs))
                 observed.append((cfg, obs))
+                lower[id(cfg)] = flat.lower_flat(node.inputs[i])
             for j, cfg in enumerate(oc.outputs):
                 if not _needs_params(cfg):
                     continue
@@ -57,7 +62,9 @@ class CalibrationPass:
                 obs = make_observer(cfg.observer, cfg.spec, node.outputs[j], options)
                 on_output.setdefault(node.name, []).append((j, cfg, obs))
                 observed.append((cfg, obs))
+                lower[id(cfg)] = flat.lower_flat(node.outputs[j])
         ctx.qgraph.info["observed_tensors"] = len(observed)
+        ctx.qgraph.info["flat_bounds"] = sum(1 for v in lower.values() if v > -math.inf)
         if not observed:
             return
         if ctx.calib_data is None:
@@ -65,16 +72,22 @@ class CalibrationPass:
             raise CalibrationError(f"{len(observed)} activation tensors need calibration data ({names}, ...); "
                                    f"pass calib_data")
 
+        use_flat = getattr(ctx.settings, "flat_ranges", True)
+
+        def observe(cfg: TensorQuantConfig, obs: Any, x: Any) -> None:
+            if not isinstance(x, torch.Tensor):
+                return
+            bound = lower.get(id(cfg), -math.inf)
+            obs.observe(clamp_for_observation(x, bound) if use_flat and bound > -math.inf else x)
+
         def pre(node: Node, inputs: list[Any]) -> None:
-            for i, _cfg, obs in on_input.get(node.name, ()):
-                x = inputs[i]
-                if isinstance(x, torch.Tensor):
-                    obs.observe(x)
+            for i, cfg, obs in on_input.get(node.name, ()):
+                observe(cfg, obs, inputs[i])
 
         def post(node: Node, outputs: list[Any]) -> None:
-            for j, _cfg, obs in on_output.get(node.name, ()):
-                if j < len(outputs) and isinstance(outputs[j], torch.Tensor):
-                    obs.observe(outputs[j])
+            for j, cfg, obs in on_output.get(node.name, ()):
+                if j < len(outputs):
+                    observe(cfg, obs, outputs[j])
 
         ex = Executor(graph, device=ctx.settings.device)
         ex.add_pre_hook(pre)
@@ -82,6 +95,8 @@ class CalibrationPass:
         data = ctx.calib_data
         with torch.no_grad():
             for batch in ctx.track(data, "calibrating", total=data.num_batches):
+                if getattr(qgraph, "sample_inputs", None) is None:
+                    qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
                 ex.run(batch)
         for cfg, obs in observed:
             cfg.params = obs.compute_params()

@@ -1,4 +1,5 @@
-"""Graph clean-up before quantization: Constant nodes -> initializers, constant folding, BN folding."""
+"""Graph clean-up before quantization: Constant nodes -> initializers, constant folding, BN folding,
+exact simplifications (netquant.passes.simplify)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ class CleanupPass:
 
     fold_constants: bool = True
     fold_batchnorm: bool = True
+    simplify: bool = True
     name: str = "graph clean-up"
 
     def run(self, ctx: PassContext) -> None:
@@ -26,5 +28,9 @@ class CleanupPass:
             edit.fold_constants(graph)
         if self.fold_batchnorm:
             edit.fold_batchnorm(graph)
+        if self.simplify:
+            from netquant.passes.simplify import simplify
+
+            ctx.timings.update({f"simplified_{k}": v for k, v in simplify(graph).items()})
         ctx.timings["nodes_before_cleanup"] = before
         ctx.timings["nodes_after_cleanup"] = len(graph.nodes)

@@ -45,7 +45,7 @@ class CheckDataPass:
 
 def default_passes(settings: QuantSettings, calib_data: Any) -> list[Any]:
     return [
-        CleanupPass(settings.fold_constants, settings.fold_batchnorm),
+        CleanupPass(settings.fold_constants, settings.fold_batchnorm, settings.simplify),
         CheckDataPass(calib_data),
         BuildConfigsPass(),
         CalibrationPass(),

@@ -78,6 +78,7 @@ class QuantizedGraph:
         self.op_configs: dict[str, OpQuantConfig] = dict(op_configs)
         self.warnings: list[str] = list(warnings)
         self.info: dict[str, Any] = {}  # facts recorded by passes (timings, counts)
+        self.sample_inputs: dict[str, torch.Tensor] | None = None  # one calibration batch (export checks)
 
     # ---- queries ---------------------------------------------------------------------------
     def configs(self) -> Iterator[TensorQuantConfig]:

@@ -122,6 +122,7 @@ class Quantizer:
     def _select(self, graph: Graph, index: GraphIndex) -> tuple[dict[str, OpRule], dict[str, int | None]]:
         chosen: dict[str, OpRule] = {}
         weights: dict[str, int | None] = {}
+        self.graph_outputs = set(graph.output_names)
         quantized_out: set[str] = set()  # tensors surely quantized at their producer (forward view)
         for node in graph.nodes:
             rule = self.platform.rule(node.op_type)
@@ -130,6 +131,7 @@ class Quantizer:
                     self._warn(node, f"domain '{node.domain}' is not ai.onnx")
                 continue
             if rule is None or rule.role is OpRole.ACTIVATION or self._forced_fp32(node):
+                self._note_fused_output(node, index, chosen, quantized_out)
                 continue
             acts = self._act_inputs(node, rule)
             weight: int | None = None
@@ -146,21 +148,35 @@ class Quantizer:
                                      "is not a constant (initializer or Constant node)")
                     continue
             if not acts or not all(index.is_float(node.inputs[i]) for i in acts):
-                if acts:
+                if acts and rule.role is OpRole.COMPUTE:  # integer data movement (shape math) is normal
                     bad = [node.inputs[i] for i in acts if not index.is_float(node.inputs[i])]
                     self._warn(node, f"input(s) {bad} are not float tensors")
                 continue
-            if rule.requires_quantized_input and not all(
-                    node.inputs[i] in quantized_out or index.constant(node.inputs[i]) is not None
-                    for i in acts):
-                continue
-            if rule.requires_quantized_input and all(index.constant(node.inputs[i]) is not None for i in acts):
-                continue  # constant-only subgraph: nothing to gain
+            w_tensor = index.constant(node.inputs[weight]) if weight is not None else None
+            if rule.needs_quantized_input(node, w_tensor):
+                if not all(node.inputs[i] in quantized_out or index.constant(node.inputs[i]) is not None
+                           for i in acts):
+                    continue
+                if all(index.constant(node.inputs[i]) is not None for i in acts):
+                    continue  # constant-only subgraph: nothing to gain
             chosen[node.name] = rule
             weights[node.name] = weight
             if rule.output is OutputPolicy.ALWAYS or rule.role is OpRole.PASS_THROUGH:
                 quantized_out.update(o for o in node.outputs if o)
         return chosen, weights
+
+    def _note_fused_output(self, node: Node, index: GraphIndex, chosen: dict[str, OpRule],
+                           quantized_out: set[str]) -> None:
+        """Forward view of fusions: Conv -> Relu with the Conv's output always quantized quantizes the Relu's."""
+        if not node.inputs or self._forced_fp32(node):
+            return
+        head = index.producer.get(node.inputs[0])
+        if head is None or head.name not in chosen or chosen[head.name].output is not OutputPolicy.ALWAYS:
+            return
+        if (head.op_type, node.op_type) not in {tuple(f[:2]) for f in self.platform.fusions if len(f) == 2}:
+            return
+        if len(index.consumers.get(head.outputs[0], [])) == 1 and not self.graph_outputs & {head.outputs[0]}:
+            quantized_out.update(o for o in node.outputs if o)
 
     # ---- step 2: fusions ----------------------------------------------------------------------
     def _fusions(self, graph: Graph, index: GraphIndex, chosen: dict[str, OpRule]) -> dict[str, str]:

@@ -33,10 +33,13 @@ class QuantSettings:
     overrides: tuple[Override, ...] = ()
     strict: bool = False
     quiet: bool = False
+    progress: bool = True  # False is the same as quiet=True
     batch_size: int = 16
     max_calib_batches: int | None = None
+    flat_ranges: bool = True  # observe max(t, L) where every consumer is flat below L (hard-swish, Relu)
     fold_constants: bool = True
     fold_batchnorm: bool = True
+    simplify: bool = True  # exact rewrites: Conv->Mul/Add folding, decomposed hard-swish -> HardSigmoid*x
     device: str = "cpu"
 
     @classmethod
@@ -56,6 +59,8 @@ class QuantSettings:
         return s
 
     def validate(self) -> None:
+        if not self.progress:
+            self.quiet = True
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
         if self.max_calib_batches is not None and self.max_calib_batches < 1:

@@ -17,6 +17,7 @@ from netquant.platforms.platform import (
     OutputPolicy,
     Platform,
     int32_bias_spec,
+    is_depthwise,
     standard_rule,
 )
 from netquant.platforms.registry import register_platform
@@ -56,7 +57,7 @@ ONNXRUNTIME_INT8 = Platform(
     weight=QuantSpec.int8_per_channel(axis=0),
     bias=int32_bias_spec(),
     rules=_rules(
-        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.ALWAYS),
+        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.ALWAYS, requires_quantized_input_if=is_depthwise),
         COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_weight=True),
         COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.WHEN_CONSUMED),
         OpRule("Relu", OpRole.ACTIVATION),
@@ -67,7 +68,7 @@ ONNXRUNTIME_INT8 = Platform(
         OpRule("Concat", OpRole.ARITHMETIC, None, requires_quantized_input=True),
     ),
     fusions=(("Conv", "Relu"), ("Conv", "Clip")),
-    activation_observer="percentile",
+    activation_observer="mse",
     weight_observer="minmax",
     export_format=ExportFormat.ONNX_QDQ,
     min_opset=13,

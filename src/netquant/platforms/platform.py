@@ -13,6 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.errors import ConfigError
 
@@ -71,6 +73,13 @@ class OpRule:
     output: OutputPolicy = OutputPolicy.ALWAYS
     requires_quantized_input: bool = False
     requires_weight: bool = False
+    # per-node refinement: when it returns True for (node, weight), the op also requires quantized input
+    requires_quantized_input_if: Callable[[Node, torch.Tensor | None], bool] | None = None
+
+    def needs_quantized_input(self, node: Node, weight: torch.Tensor | None) -> bool:
+        if self.requires_quantized_input:
+            return True
+        return bool(self.requires_quantized_input_if is not None and self.requires_quantized_input_if(node, weight))
 
     def with_(self, **changes: Any) -> OpRule:
         return replace(self, **changes)
@@ -82,6 +91,12 @@ class OpRule:
 
 
 # ---- standard op semantics, shared by the built-in platforms -----------------------------------
+
+def is_depthwise(node: Node, weight: torch.Tensor | None) -> bool:
+    """A grouped Conv with one input channel per group (depthwise): memory-bound, little int8 gain."""
+    return (node.op_type == "Conv" and weight is not None and int(node.attrs.get("group", 1)) > 1
+            and weight.dim() >= 2 and weight.shape[1] == 1)
+
 
 def _gemm_axis(node: Node) -> int:
     """Gemm B is (K, N) -> output channels on axis 1; with transB=1 it is (N, K) -> axis 0."""

@@ -6,6 +6,13 @@ from netquant.errors import ConfigError
 from netquant.platforms.platform import Platform
 
 _PLATFORMS: dict[str, Platform] = {}
+# short names people type (and the CLI accepts): alias -> registered name
+ALIASES: dict[str, str] = {
+    "onnxruntime": "onnxruntime_int8", "ort": "onnxruntime_int8", "tensorrt": "tensorrt_int8",
+    "trt": "tensorrt_int8", "openvino": "openvino_int8", "tflite": "tflite_int8", "litert": "tflite_int8",
+    "ncnn": "ncnn_int8", "snpe": "qnn_dsp", "qnn": "qnn_dsp", "academic": "academic_int8",
+    "pow2": "pow2_int8", "fp8": "fp8_e4m3",
+}
 
 
 def _key(name: str) -> str:
@@ -35,10 +42,15 @@ def get_platform(name: str | Platform) -> Platform:
         return name
     if not isinstance(name, str):
         raise ConfigError(f"platform must be a name or a Platform, got {type(name).__name__}")
+    key = _key(name)
+    if key not in _PLATFORMS and key in ALIASES:
+        key = ALIASES[key]
     try:
-        return _PLATFORMS[_key(name)]
+        return _PLATFORMS[key]
     except KeyError:
-        raise ConfigError(f"unknown platform '{name}'; valid platforms: {', '.join(list_platforms())}") from None
+        aliases = ", ".join(f"{a}->{t}" for a, t in sorted(ALIASES.items()))
+        raise ConfigError(f"unknown platform '{name}'; valid platforms: {', '.join(list_platforms())} "
+                          f"(aliases: {aliases})") from None
 
 
 def list_platforms() -> list[str]:

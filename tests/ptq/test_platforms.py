@@ -1,0 +1,174 @@
+"""Built-in platforms: registry, schemes, and the configs each builds for small synthetic models."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_quantizer_helpers import conv_relu_gemm, matmul_model, residual_concat  # noqa: E402
+
+from netquant.core.config import QuantState  # noqa: E402
+from netquant.core.spec import Granularity, QuantFormat, RoundingPolicy, ScaleConstraint  # noqa: E402
+from netquant.errors import ConfigError  # noqa: E402
+from netquant.graph import load_onnx  # noqa: E402
+from netquant.passes import build_quant_graph  # noqa: E402
+from netquant.platforms import (  # noqa: E402
+    BUILTIN_PLATFORMS,
+    Platform,
+    get_platform,
+    list_platforms,
+    register_platform,
+    unregister_platform,
+)
+
+BUILTIN_NAMES = ["onnxruntime_int8", "tensorrt_int8", "openvino_int8", "tflite_int8", "ncnn_int8", "qnn_dsp",
+                 "academic_int8", "academic_int4", "pow2_int8", "fp8_e4m3"]
+
+
+def build(model, platform):
+    return build_quant_graph(load_onnx(model), get_platform(platform))
+
+
+def test_all_builtins_registered():
+    assert set(BUILTIN_NAMES) <= set(list_platforms())
+    assert len(BUILTIN_PLATFORMS) == len(BUILTIN_NAMES)
+    for name in BUILTIN_NAMES:
+        p = get_platform(name)
+        assert p.name == name and p.description and p.scheme()
+
+
+def test_unknown_platform_lists_valid_ones():
+    with pytest.raises(ConfigError) as err:
+        get_platform("tensorflow_int3")
+    msg = str(err.value)
+    assert "tensorflow_int3" in msg
+    for name in BUILTIN_NAMES:
+        assert name in msg
+
+
+def test_aliases_and_case():
+    assert get_platform("ONNXRuntime") is get_platform("onnxruntime_int8")
+    assert get_platform("TensorRT-INT8") is get_platform("tensorrt_int8")
+    assert get_platform("snpe") is get_platform("qnn_dsp")
+
+
+def test_duplicate_registration_needs_overwrite():
+    p = Platform.create("dup_test_platform", ["Conv"])
+    register_platform(p)
+    try:
+        with pytest.raises(ConfigError, match="already registered"):
+            register_platform(Platform.create("dup_test_platform", ["Gemm"]))
+        q = register_platform(Platform.create("dup_test_platform", ["Gemm"]), overwrite=True)
+        assert get_platform("dup_test_platform") is q
+    finally:
+        unregister_platform("dup_test_platform")
+
+
+def test_create_rejects_unknown_op_type():
+    with pytest.raises(ConfigError, match="no standard quantization rule for op type 'FancyOp'"):
+        Platform.create("bad", ["Conv", "FancyOp"])
+
+
+def test_schemes_match_the_engines():
+    ort = get_platform("onnxruntime_int8")
+    assert (ort.activation.signed, ort.activation.symmetric) == (False, False)  # uint8 affine
+    assert ort.weight.signed and ort.weight.symmetric and ort.weight.granularity is Granularity.PER_CHANNEL
+    assert ort.bias is not None and ort.bias.bits == 32
+    trt = get_platform("tensorrt_int8")
+    assert trt.activation.symmetric and trt.activation.signed and trt.activation.qmin == -127
+    assert get_platform("ncnn_int8").weight.rounding is RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO
+    assert get_platform("pow2_int8").activation.scale_constraint is ScaleConstraint.POWER_OF_TWO
+    assert get_platform("fp8_e4m3").activation.fmt is QuantFormat.FP8_E4M3
+    qnn = get_platform("qnn_dsp")
+    assert not qnn.activation.signed and not qnn.weight.signed and qnn.weight.granularity is Granularity.PER_TENSOR
+    a4 = get_platform("academic_int4")
+    assert a4.activation.qmax == 15 and a4.weight.qmin == -8
+    tfl = get_platform("tflite_int8")
+    assert tfl.activation.signed and not tfl.activation.symmetric and tfl.weight.qmin == -127
+
+
+def _states(qg, node):
+    oc = qg.op_configs[node]
+    return ([c.state if c is not None else None for c in oc.inputs],
+            [c.state if c is not None else None for c in oc.outputs])
+
+
+def test_onnxruntime_configs_conv_relu_gemm():
+    qg = build(conv_relu_gemm(), "onnxruntime_int8")
+    conv = qg.op_configs["conv"]
+    x_cfg, w_cfg, b_cfg = conv.inputs
+    assert x_cfg.state is QuantState.INITIAL and not x_cfg.spec.signed  # graph input: own uint8 quantizer
+    assert w_cfg.spec.granularity is Granularity.PER_CHANNEL and w_cfg.spec.axis == 0
+    assert b_cfg.state is QuantState.PASSIVE_INIT and b_cfg.spec.bits == 32
+    # fusion Conv -> Relu: one quantizer after the Relu (ORT removes the Relu before Q)
+    relu_out = qg.op_configs["relu"].outputs[0]
+    assert conv.outputs[0].state is QuantState.OVERLAPPED and conv.outputs[0].dominated_by is relu_out
+    assert qg.op_configs["relu"].inputs[0].state is QuantState.OVERLAPPED
+    # MaxPool and Reshape run on integers: their outputs share the Relu output's params
+    pool_out = qg.op_configs["pool"].outputs[0]
+    assert pool_out.state is QuantState.PASSIVE_INIT and pool_out.root is relu_out
+    assert qg.op_configs["flatten"].outputs[0].root is relu_out
+    assert qg.op_configs["flatten"].inputs[1] is None  # int64 shape input: never quantized
+    # Gemm(transB=1): weight (N, K) per-channel on axis 0; float output (QGemm with float output)
+    fc = qg.op_configs["fc"]
+    assert fc.inputs[1].spec.axis == 0
+    assert fc.inputs[0].state is QuantState.OVERLAPPED
+    assert fc.outputs[0].state is QuantState.FP32
+
+
+def test_onnxruntime_keeps_elementwise_ops_float():
+    qg = build(residual_concat(), "onnxruntime_int8")
+    for name in ("add", "sigmoid"):
+        ins, outs = _states(qg, name)
+        assert set(ins) | set(outs) == {QuantState.FP32} or all(
+            s in (QuantState.FP32, QuantState.OVERLAPPED) for s in ins) and outs == [QuantState.FP32]
+    # conv outputs are quantized (QLinearConv writes uint8)
+    assert qg.op_configs["conv1"].outputs[0].state is QuantState.INITIAL
+    # Concat's inputs are not all quantized upstream (Sigmoid is float): it stays float
+    assert _states(qg, "concat")[1] == [QuantState.FP32]
+
+
+def test_onnxruntime_matmul_only_with_weights():
+    qg = build(matmul_model(), "onnxruntime_int8")
+    proj = qg.op_configs["proj"]
+    assert proj.roles == {0: "activation", 1: "weight"}
+    assert proj.inputs[1].spec.axis == 1  # (K, N) weight: output channels on axis 1
+    assert proj.outputs[0].state is QuantState.FP32  # MatMulIntegerToFloat: float output
+    assert not qg.op_configs["attn"].is_quantized  # activation x activation: not an ORT int8 kernel
+
+
+def test_tensorrt_quantizes_inputs_and_shares_concat_scale():
+    qg = build(residual_concat(), "tensorrt_int8")
+    add = qg.op_configs["add"]
+    assert add.roles == {0: "activation", 1: "activation"}
+    assert add.outputs[0].state is QuantState.FP32  # its consumer (Sigmoid) is float in TensorRT's scheme
+    assert qg.op_configs["conv3"].outputs[0].state is QuantState.FP32  # graph output: no consumer quantizes
+    groups = qg.info["shared_scale_groups"]
+    assert len(groups) == 1 and len(groups[0]) == 3  # Concat: its two inputs and its output
+    assert qg.op_configs["conv1"].inputs[2].state is QuantState.FP32  # TensorRT keeps bias float
+
+
+def test_tflite_quantizes_every_tensor():
+    qg = build(residual_concat(), "tflite_int8")
+    for node in ("conv1", "conv2", "add", "sigmoid", "concat", "conv3"):
+        assert qg.op_configs[node].outputs[0].state in (QuantState.INITIAL, QuantState.PASSIVE_INIT)
+
+
+def test_academic_quantizes_only_compute_inputs():
+    qg = build(conv_relu_gemm(), "academic_int8")
+    assert [c.state for c in qg.op_configs["conv"].outputs] == [QuantState.FP32]
+    assert qg.op_configs["conv"].inputs[1].spec.granularity is Granularity.PER_TENSOR
+    assert not qg.op_configs["pool"].is_quantized and not qg.op_configs["relu"].is_quantized
+
+
+@pytest.mark.parametrize("name", BUILTIN_NAMES)
+def test_every_platform_builds_and_quantizes_the_conv(name):
+    qg = build(conv_relu_gemm(), name)
+    assert "conv" in qg.quantized_ops()
+    w = qg.op_configs["conv"].weight_config()
+    assert w is not None and w.spec == get_platform(name).weight_spec_for(
+        qg.graph.node("conv"), get_platform(name).rule("Conv"), 4)
