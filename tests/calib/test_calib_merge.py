@@ -177,3 +177,19 @@ def test_merge_into_empty_and_of_empty():
         ref = seen.compute_params()
         assert torch.equal(empty.merge(seen).compute_params().scale, ref.scale)
         assert torch.equal(seen.merge(make_observer(name, QuantSpec.int8())).compute_params().scale, ref.scale)
+
+
+@pytest.mark.parametrize("name", sorted(set(OBSERVERS) - {"none"}))
+def test_observers_pickle_for_merging_across_processes(name):
+    import pickle
+
+    batches, cut = _stream(8)
+    full, _ = _run(name, QuantSpec.int8(), batches, cut, GridMode.POW2)
+    worker = make_observer(name, QuantSpec.int8(), **_opts(name, GridMode.POW2))
+    root = make_observer(name, QuantSpec.int8(), **_opts(name, GridMode.POW2))
+    for i, x in enumerate(batches):
+        (root if i < cut else worker).observe(x)
+    blob = pickle.dumps(worker)
+    assert len(blob) < 200_000  # state only: histograms, not data or scratch buffers
+    root.merge(pickle.loads(blob))
+    torch.testing.assert_close(root.range(), full.range(), rtol=1e-6, atol=1e-6)

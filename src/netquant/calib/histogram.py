@@ -287,6 +287,10 @@ class Histogram:
         self.counts.view(-1).add_(torch.bincount(idx.reshape(-1), minlength=channels * cols).to(torch.float64))
 
     # ---- merging --------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, object]:
+        """Pickle without the scratch buffers (observers travel between processes to be merged)."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_buf_f", "_buf_i")}
+
     def copy(self) -> Histogram:
         out = Histogram(self.num_bins, signed=self.signed, grid=self.grid, max_bins=self.max_bins)
         out.channels = self.channels
