@@ -232,6 +232,8 @@ class Observer(ABC):
             self.empty_batches += 1
             return None
         x = x.detach()
+        if x.device.type != "cpu":  # observer state lives on the CPU
+            x = x.cpu()
         if x.dtype != torch.float32:
             x = x.float()
         view = self._layout(x)
