@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import statistics
 import tempfile
 import time
 import traceback
@@ -35,12 +34,19 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from netquant.api import zoo
-from netquant.data.ocr import cls_batch, ctc_greedy_decode, direction_samples, rec_batch, score_lines
+from netquant.data.ocr import (
+    cls_accuracy,
+    cls_batch,
+    direction_samples,
+    latency_ms,
+    ort_session,
+    rec_batch,
+    rec_score,
+)
 from netquant.data.text_render import make_text_lines
 
 RESULTS = Path(__file__).parent / "results" / "ptq_ocr.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
-EVAL_BATCH = 16
 
 
 @dataclass
@@ -60,30 +66,7 @@ class Row:
 
 
 def session(path: Path, threads: int) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.log_severity_level = 3
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-
-
-def run_batched(sess: ort.InferenceSession, x: np.ndarray) -> np.ndarray:
-    name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i:i + EVAL_BATCH]})[0] for i in range(0, len(x), EVAL_BATCH)])
-
-
-def latency_ms(path: Path, x1: np.ndarray, repeats: int) -> float:
-    """Median latency of batch 1 on one thread, after warm-up."""
-    sess = session(path, threads=1)
-    name = sess.get_inputs()[0].name
-    for _ in range(3):
-        sess.run(None, {name: x1})
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        sess.run(None, {name: x1})
-        times.append(time.perf_counter() - t)
-    return 1000 * statistics.median(times)
+    return ort_session(path, threads)
 
 
 class _Reader(CalibrationDataReader):
@@ -169,13 +152,11 @@ def netquant_quantize(model: Path, out: Path, calib: np.ndarray) -> tuple[float,
 
 
 def evaluate_rec(path: Path, x: np.ndarray, truth: list[str], dictionary: list[str]):
-    probs = run_batched(session(path, threads=os.cpu_count() or 1), x)
-    return score_lines(ctc_greedy_decode(probs, dictionary), truth)
+    return rec_score(path, x, truth, dictionary, threads=os.cpu_count() or 1)
 
 
 def evaluate_cls(path: Path, x: np.ndarray, labels: np.ndarray) -> float:
-    probs = run_batched(session(path, threads=os.cpu_count() or 1), x)
-    return float((probs.argmax(axis=1) == labels).mean())
+    return cls_accuracy(path, x, labels, threads=os.cpu_count() or 1)
 
 
 def main() -> None:

@@ -99,11 +99,13 @@ def _version() -> str:
 
 
 def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None = None, validate: bool = True,
-               sample: Any = None, min_cosine: float = 0.99, check_kernels: bool = True) -> ExportReport:
+               sample: Any = None, min_cosine: float = 0.98, check_kernels: bool = True) -> ExportReport:
     """Write `qmodel` as an ONNX QDQ model at `path`, whole or not at all.
 
     validate: onnx.checker, onnxruntime load, and one batch (`sample`, else one the quantizer kept,
         else random) where every output's cosine vs the executor's fake-quant run must be >= min_cosine.
+        (Deep 8-bit models are chaotic: on PP-OCRv4's recognizer a 1e-5 input perturbation alone moves the
+        fake-quant softmax output to cosine ~0.995, so the default bound catches broken graphs, not noise.)
     check_kernels: record which int8 kernels onnxruntime runs after its optimizations.
     Raises ExportError (and leaves no file) on any failure.
     """
