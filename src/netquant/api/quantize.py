@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -68,9 +69,11 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     with tempfile.TemporaryDirectory(prefix="netquant_torch_") as tmp:
         path = Path(tmp) / "model.onnx"
         try:
-            torch.onnx.export(module, args, str(path), opset_version=opset, input_names=names,
-                              output_names=list(output_names) if output_names else None,
-                              dynamic_axes=dynamic_axes, dynamo=False)
+            with warnings.catch_warnings():  # the TorchScript exporter is deliberate: plain, stable ONNX
+                warnings.simplefilter("ignore", DeprecationWarning)
+                torch.onnx.export(module, args, str(path), opset_version=opset, input_names=names,
+                                  output_names=list(output_names) if output_names else None,
+                                  dynamic_axes=dynamic_axes, dynamo=False)
         except Exception as err:  # noqa: BLE001 - any exporter failure is reported the same way
             raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
         proto = onnx.load(str(path))

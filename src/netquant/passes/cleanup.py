@@ -32,5 +32,6 @@ class CleanupPass:
             from netquant.passes.simplify import simplify
 
             ctx.timings.update({f"simplified_{k}": v for k, v in simplify(graph).items()})
+        graph.remove_unused()  # dead nodes would never be calibrated
         ctx.timings["nodes_before_cleanup"] = before
         ctx.timings["nodes_after_cleanup"] = len(graph.nodes)
