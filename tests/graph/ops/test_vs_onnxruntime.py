@@ -270,3 +270,48 @@ def test_com_microsoft_qlinear_concat() -> None:
     node = oh.make_node("QLinearConcat", list(inputs), ["y"], domain="com.microsoft", axis=1)
     ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
     _close(ref, ours)
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+@pytest.mark.parametrize("quantized_out", [False, True])
+def test_com_microsoft_qgemm(trans_b: int, quantized_out: bool) -> None:
+    a = RNG.integers(0, 255, (3, 8)).astype(np.uint8)
+    b = RNG.integers(-127, 127, (5, 8) if trans_b else (8, 5)).astype(np.int8)
+    inputs = {"a": a, "as": np.array(0.02, np.float32), "az": np.array(110, np.uint8), "b": b,
+              "bs": np.array(0.03, np.float32), "bz": np.array(0, np.int8),
+              "c": RNG.integers(-300, 300, 5).astype(np.int32)}
+    if quantized_out:
+        inputs |= {"ys": np.array(0.05, np.float32), "yz": np.array(128, np.uint8)}
+    node = oh.make_node("QGemm", list(inputs), ["y"], domain="com.microsoft", transB=trans_b, alpha=1.0)
+    ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours)
+
+
+def test_com_microsoft_dynamic_quantize_matmul_and_integer_to_float() -> None:
+    b = RNG.integers(-127, 127, (6, 4)).astype(np.int8)
+    inputs = {"a": _f32(3, 6), "b": b, "bs": np.array([0.01, 0.02, 0.03, 0.04], np.float32),
+              "bz": np.zeros(4, np.int8), "bias": _f32(4)}
+    node = oh.make_node("DynamicQuantizeMatMul", list(inputs), ["y"], domain="com.microsoft")
+    ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours, rtol=1e-5, atol=1e-5)
+    inputs = {"a": RNG.integers(0, 255, (3, 6)).astype(np.uint8), "b": b, "as": np.array(0.1, np.float32),
+              "bs": np.array([0.01, 0.02, 0.03, 0.04], np.float32), "az": np.array(120, np.uint8),
+              "bz": np.zeros(4, np.int8), "bias": _f32(4)}
+    node = oh.make_node("MatMulIntegerToFloat", list(inputs), ["y"], domain="com.microsoft")
+    ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours, rtol=1e-5, atol=1e-5)
+
+
+def test_com_microsoft_qlinear_avgpool_softmax() -> None:
+    x = RNG.integers(0, 255, (1, 3, 6, 6)).astype(np.uint8)
+    inputs = {"x": x, "xs": np.array(0.05, np.float32), "xz": np.array(128, np.uint8),
+              "ys": np.array(0.04, np.float32), "yz": np.array(120, np.uint8)}
+    node = oh.make_node("QLinearAveragePool", list(inputs), ["y"], domain="com.microsoft", kernel_shape=[3, 3],
+                        strides=[2, 2], pads=[1, 1, 1, 1])
+    ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours)
+    inputs = {"x": RNG.integers(0, 255, (4, 10)).astype(np.uint8), "xs": np.array(0.05, np.float32),
+              "xz": np.array(128, np.uint8), "ys": np.array(1 / 256, np.float32), "yz": np.array(0, np.uint8)}
+    node = oh.make_node("QLinearSoftmax", list(inputs), ["y"], domain="com.microsoft", axis=-1, opset=13)
+    ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours)

@@ -123,10 +123,20 @@ def cast_to(x: Tensor, dtype: torch.dtype, saturate: bool = True, round_mode: st
     return x.to(dtype)
 
 
-def _target(ctx: OpContext, attrs: dict[str, Any]) -> torch.dtype:
-    to = attrs["to"]
+def _to_code(to: Any, ctx: OpContext) -> int:
+    """Cast-1 names the type as a string ("FLOAT"); later opsets use the TensorProto code."""
     if isinstance(to, str):
-        raise UnsupportedOpError(ctx.unsupported(f"to='{to}'"))
+        import onnx
+
+        try:
+            return int(onnx.TensorProto.DataType.Value(to.upper()))
+        except ValueError:
+            raise UnsupportedOpError(ctx.unsupported(f"to='{to}'")) from None
+    return int(to)
+
+
+def _target(ctx: OpContext, attrs: dict[str, Any]) -> torch.dtype:
+    to = _to_code(attrs["to"], ctx)
     if int(to) == 8:
         raise UnsupportedOpError(ctx.unsupported("string tensors"))
     return onnx_dtype(to, ctx, "target type")
@@ -134,8 +144,8 @@ def _target(ctx: OpContext, attrs: dict[str, Any]) -> torch.dtype:
 
 @register_op("Cast")
 def cast(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-    to = attrs["to"]
-    if isinstance(to, int) and to in STAND_IN:
+    to = _to_code(attrs["to"], ctx)
+    if to in STAND_IN:
         return [to_sub_byte(inputs[0], to)]
     return [cast_to(inputs[0], _target(ctx, attrs), bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up"))]
 

@@ -140,22 +140,22 @@ def _requant(acc: Tensor, multiplier: Tensor, yz: Tensor | None, dtype: torch.dt
     lo, hi = _INT_RANGE[dtype]
     y = torch.round(acc * multiplier)
     if yz is not None:
-        y = y + yz.to(torch.float64)
+        y = y + yz.to(y.dtype)
     return y.clamp(lo, hi).to(dtype)
 
 
 @register_op("QLinearMatMul")
 def qlinear_matmul(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """y = saturate(round((a - az) @ (b - bz) * (as * bs / ys)) + yz); exact integer accumulation, float32
+    multiplier (as onnxruntime); scales per tensor, per row of a or per column of b."""
     a, a_s, a_z, b, b_s, b_z, y_s, y_z = inputs[:8]
-    av = (_zp_sub(a, a_z, [-1, 1]) * a_s.double().reshape(-1, 1)) if a_s.numel() > 1 else \
-        _zp_sub(a, a_z) * a_s.double()
-    bv = (_zp_sub(b, b_z, [1, -1]) * b_s.double().reshape(1, -1)) if b_s.numel() > 1 else \
-        _zp_sub(b, b_z) * b_s.double()
-    real = torch.matmul(av, bv)
+    acc = torch.matmul(_zp_sub(a, a_z, [-1, 1]), _zp_sub(b, b_z, [1, -1]))
+    sa = a_s.float().reshape(-1, 1) if a_s.numel() > 1 else a_s.float().reshape(())
+    sb = b_s.float().reshape(1, -1) if b_s.numel() > 1 else b_s.float().reshape(())
     y_dtype = y_z.dtype if y_z is not None else torch.uint8
     if y_dtype in FLOAT8:
-        return [to_float8(real / y_s.double(), y_dtype, True)]
-    return [_requant(real, 1.0 / y_s.double(), y_z, y_dtype)]
+        return [to_float8(acc * (sa * sb).double() / y_s.double(), y_dtype, True)]
+    return [_requant(acc.float(), sa * sb / y_s.float(), y_z, y_dtype)]
 
 
 @register_op("QLinearConv")
@@ -238,3 +238,84 @@ def qlinear_concat(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCo
 
 
 __all__ = ["quantize", "dequantize", "broadcast_param"]
+
+
+def _per_column(s: Tensor) -> Tensor:
+    return s.reshape(1, -1) if s.numel() > 1 else s.reshape(())
+
+
+@register_op("QGemm", domain=MS)
+def qgemm(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Y = alpha * (A - az)'(B - bz)' * as * bs + C * as * bs (C int32); requantised when y_scale is given."""
+    a, a_s, a_z, b, b_s, b_z = inputs[:6]
+    c, y_s, y_z = opt(inputs, 6), opt(inputs, 7), opt(inputs, 8)
+    av = _zp_sub(a, a_z)
+    bz = b_z.to(torch.float64) if b_z is not None else None
+    if attrs.get("transB", 0):
+        bv = b.to(torch.float64) - (bz.reshape(-1, 1) if bz is not None and bz.numel() > 1 else
+                                    (bz if bz is not None else 0))
+        bv = bv.t()
+    else:
+        bv = b.to(torch.float64) - (_per_column(bz) if bz is not None else 0)
+    if attrs.get("transA", 0):
+        av = av.t()
+    acc = torch.matmul(av, bv) * attrs.get("alpha", 1.0)
+    if c is not None:
+        acc = acc + c.to(torch.float64)
+    mult = a_s.float().reshape(()) * _per_column(b_s.float())
+    if y_s is None:
+        return [acc.float() * mult]
+    # float32 requantisation multiplier, as onnxruntime's kernel applies it
+    return [_requant(acc.float(), mult / y_s.float(), y_z, y_z.dtype if y_z is not None else a.dtype)]
+
+
+@register_op("MatMulIntegerToFloat", domain=MS)
+def matmul_integer_to_float(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Y = (A - az) @ (B - bz) * as * bs + bias, float output (scales per tensor or per column of B)."""
+    a, b, a_s, b_s = inputs[:4]
+    a_z, b_z, bias = opt(inputs, 4), opt(inputs, 5), opt(inputs, 6)
+    acc = torch.matmul(_zp_sub(a, a_z), b.to(torch.float64) - (_per_column(b_z.double()) if b_z is not None
+                                                                else 0))
+    y = (acc * (a_s.double().reshape(()) * _per_column(b_s.double()))).to(a_s.dtype)
+    return [y + bias if bias is not None else y]
+
+
+@register_op("DynamicQuantizeMatMul", domain=MS)
+def dynamic_quantize_matmul(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """A is quantised to uint8 on the fly (DynamicQuantizeLinear), then MatMulIntegerToFloat."""
+    a, b, b_s = inputs[:3]
+    b_z, bias = opt(inputs, 3), opt(inputs, 4)
+    qa, a_s, a_z = dynamic_quantize_linear([a], {}, ctx)
+    return matmul_integer_to_float([qa, b, a_s, b_s, a_z, b_z, bias], {}, ctx)
+
+
+@register_op("QLinearAveragePool", domain=MS)
+def qlinear_average_pool(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    from .pool import average_pool
+
+    """Average of (x - xz) (exact integers in float32), times xs / ys, rounded half to even, + yz."""
+    x, xs, xz, ys, yz = (list(inputs) + [None] * 5)[:5]
+    v = _centered(x, xz)
+    if attrs.get("channels_last", 0):
+        v = v.movedim(-1, 1)
+    y = average_pool([v], {k: a for k, a in attrs.items() if k != "channels_last"}, ctx)[0]
+    if attrs.get("channels_last", 0):
+        y = y.movedim(1, -1)
+    dtype = yz.dtype if yz is not None else x.dtype
+    lo, hi = _INT_RANGE[dtype]
+    q = torch.round(y * (xs.float() / ys.float())) + (yz.float() if yz is not None else 0.0)
+    return [q.clamp(lo, hi).to(dtype)]
+
+
+@register_op("QLinearSoftmax", domain=MS)
+def qlinear_softmax(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """softmax of the dequantised input (opset attribute picks the legacy 2-D or per-axis semantics)."""
+    x, xs, xz, ys, yz = (list(inputs) + [None] * 5)[:5]
+    v = _dq(x, xs, xz)
+    axis = attrs.get("axis", -1)
+    if attrs.get("opset", 13) < 13:
+        lead = int(torch.tensor(v.shape[: axis % v.dim()]).prod()) if axis % v.dim() else 1
+        y = torch.softmax(v.reshape(lead, -1), 1).reshape(v.shape)
+    else:
+        y = torch.softmax(v, axis)
+    return [_q(y, ys, yz, x)]
