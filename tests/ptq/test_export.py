@@ -74,17 +74,19 @@ def test_classifier_export_upgrades_opset_and_stores_integer_weights(cls_export)
     onnx.checker.check_model(model, full_check=True)
     inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     producers = {o: n for n in model.graph.node for o in n.output}
-    conv_weights = [producers.get(n.input[1]) for n in model.graph.node if n.op_type == "Conv"]
+    quantized = set(qm.quantized_ops())
+    conv_weights = [producers.get(n.input[1]) for n in model.graph.node if n.op_type == "Conv" and n.name in quantized]
     assert conv_weights and all(p is not None and p.op_type == "DequantizeLinear" for p in conv_weights)
     for dq in conv_weights:
         q = inits[dq.input[0]]
         assert q.dtype == np.int8 and q.ndim == 4
         axis = {a.name: a.i for a in dq.attribute}.get("axis", 1)
         assert axis == 0 and inits[dq.input[1]].shape == (q.shape[0],)  # per output channel
-    biases = [producers.get(n.input[2]) for n in model.graph.node if n.op_type == "Conv" and len(n.input) > 2]
+    biases = [producers.get(n.input[2]) for n in model.graph.node
+              if n.op_type == "Conv" and n.name in quantized and len(n.input) > 2]
     assert biases and all(inits[p.input[0]].dtype == np.int32 for p in biases)
     # no float copy of a quantized conv weight is left in the file
-    conv_weight_names = {n.inputs[1] for n in qm.graph.nodes if n.op_type == "Conv"}
+    conv_weight_names = {n.inputs[1] for n in qm.graph.nodes if n.op_type == "Conv" and n.name in quantized}
     assert conv_weight_names and not conv_weight_names & set(inits)
     # the input keeps its dynamic dims exactly as the original declares them (Paddle's -1 / '?')
     original = onnx.load(str(netquant.api.zoo.ppocr_model_path("cls")), load_external_data=False)
