@@ -231,12 +231,13 @@ def affine_grid(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpConte
 @register_op("NonMaxSuppression")
 def non_max_suppression(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """Greedy per-(batch, class) NMS; returns int64 [num_selected, 3] = (batch, class, box)."""
-    boxes, scores = inputs[0], inputs[1]
+    device = inputs[0].device
+    boxes, scores = inputs[0].detach().cpu(), inputs[1].detach().cpu()  # greedy selection runs on the CPU
     max_out = int(scalar(opt(inputs, 2), 0))
     iou_thr = float(scalar(opt(inputs, 3), 0.0))
     score_thr = opt(inputs, 4)
     if boxes.shape[1] == 0 or max_out <= 0:
-        return [torch.zeros((0, 3), dtype=torch.int64, device=boxes.device)]
+        return [torch.zeros((0, 3), dtype=torch.int64, device=device)]
     b = boxes.double()
     if attrs.get("center_point_box", 0):
         cx, cy, w, h = b.unbind(-1)
@@ -271,8 +272,8 @@ def non_max_suppression(inputs: list[Tensor | None], attrs: dict[str, Any], ctx:
                 suppressed |= iou[idx] > iou_thr
             selected += [[bi, ci, k] for k in keep]
     if not selected:
-        return [torch.zeros((0, 3), dtype=torch.int64, device=boxes.device)]
-    return [torch.tensor(selected, dtype=torch.int64, device=boxes.device)]
+        return [torch.zeros((0, 3), dtype=torch.int64, device=device)]
+    return [torch.tensor(selected, dtype=torch.int64, device=device)]
 
 
 # ---------------------------------------------------------------- sequences and optionals (python lists / None)

@@ -204,10 +204,11 @@ def roi_align(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext
         gh = ratio if ratio > 0 else int(math.ceil(rh / oh))
         gw = ratio if ratio > 0 else int(math.ceil(rw / ow))
         gh, gw = max(gh, 1), max(gw, 1)
-        ys = y0 + torch.arange(oh, dtype=torch.float64).reshape(oh, 1) * bh + \
-            (torch.arange(gh, dtype=torch.float64).reshape(1, gh) + 0.5) * bh / gh  # (oh, gh)
-        xs = x0 + torch.arange(ow, dtype=torch.float64).reshape(ow, 1) * bw + \
-            (torch.arange(gw, dtype=torch.float64).reshape(1, gw) + 0.5) * bw / gw  # (ow, gw)
+        f64 = {"dtype": torch.float64, "device": x.device}
+        ys = y0 + torch.arange(oh, **f64).reshape(oh, 1) * bh + \
+            (torch.arange(gh, **f64).reshape(1, gh) + 0.5) * bh / gh  # (oh, gh)
+        xs = x0 + torch.arange(ow, **f64).reshape(ow, 1) * bw + \
+            (torch.arange(gw, **f64).reshape(1, gw) + 0.5) * bw / gw  # (ow, gw)
         Y = ys.reshape(oh, gh, 1, 1).expand(oh, gh, ow, gw)
         X = xs.reshape(1, 1, ow, gw).expand(oh, gh, ow, gw)
         valid = (Y >= -1.0) & (h >= Y) & (X >= -1.0) & (w >= X)
