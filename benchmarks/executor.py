@@ -38,7 +38,7 @@ from netquant.graph.edit import cleanup, fold_batchnorm, fold_conv_affine
 
 OUT = Path(__file__).parent / "results" / "executor.md"
 MODELS = {"ppocrv4_rec": (3, 48, 320), "resnet50_light": (3, 224, 224)}
-ENGINES = ("ort", "netquant", "netquant_calib")
+ENGINES = ("ort", "netquant", "netquant_calib", "netquant_hooked")
 
 
 def load_model(name: str) -> Graph:
@@ -80,7 +80,10 @@ class Runner:
                                              providers=["CPUExecutionProvider"])
             self.run = lambda x: self.sess.run(None, {self.input_name: x})
         else:
-            ex = Executor(calib_graph(graph) if engine == "netquant_calib" else graph)
+            ex = Executor(calib_graph(graph) if engine != "netquant" else graph)
+            if engine == "netquant_hooked":  # what calibration pays: hooks see every op (no in-place path)
+                ex.add_pre_hook(lambda node, inputs: None)
+                ex.add_post_hook(lambda node, outputs: None)
             self.run = lambda x: ex.run({self.input_name: torch.from_numpy(x)})
 
 
@@ -174,20 +177,26 @@ def main(argv: list[str] | None = None) -> int:
         "attach to each); ORT fuses Conv+BN+activation on its own.",
         "- **netquant calib**: the same after `fold_batchnorm`, `fold_conv_affine` and `cleanup` (the graph "
         "PTQ calibrates; BN folding is standard before quantization).",
+        "- **hooked**: the calib graph with a pre and a post hook on every op that only return None (the "
+        "situation of a calibration run: observers see each tensor, so the in-place fast path is off).",
         "- ratio = netquant throughput / onnxruntime throughput (target >= 0.5 at batch 16).",
+        "- Both engines' worker threads are set not to busy-wait between calls (OMP_WAIT_POLICY=PASSIVE, "
+        "ORT `session.intra_op.allow_spinning=0`), otherwise the spinning pool of one engine steals the "
+        "cores of the other when they alternate.",
         "- memory: a fresh process per engine sets the model up, then runs 3 inferences while RSS is sampled "
         "every 1 ms; 'peak' is the process peak RSS during inference (includes the python / torch / "
         "onnxruntime runtimes and the weights), '+act' the growth over the RSS just before the first "
         "inference (activations, workspaces, ORT's arena).",
         "",
-        "| model | batch | ORT img/s | netquant img/s | ratio | netquant calib img/s | ratio | "
-        "peak MB (+act) ORT | netquant | calib |",
-        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
+        "| model | batch | ORT img/s | netquant img/s | ratio | calib img/s | ratio | hooked img/s | ratio | "
+        "peak MB (+act) ORT | netquant | calib | hooked |",
+        "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|",
     ]
     for model, batch, t, m in rows:
         lines.append(f"| {model} | {batch} | {t['ort']:.1f} | {t['netquant']:.1f} | "
                      f"{t['netquant'] / t['ort']:.2f}x | {t['netquant_calib']:.1f} | "
-                     f"{t['netquant_calib'] / t['ort']:.2f}x | "
+                     f"{t['netquant_calib'] / t['ort']:.2f}x | {t['netquant_hooked']:.1f} | "
+                     f"{t['netquant_hooked'] / t['ort']:.2f}x | "
                      + " | ".join(f"{m[e]['peak_mb']:.0f} (+{m[e]['peak_mb'] - m[e]['before_mb']:.0f})"
                                   for e in ENGINES) + " |")
     text = "\n".join(lines) + "\n"

@@ -160,3 +160,15 @@ def test_subgraph_references_are_tracked() -> None:
     y = ex.run({"x": X, "c": np.array(True)})["y"]
     torch.testing.assert_close(y, torch.from_numpy(-2 * np.maximum(X, 0)))
     to_onnx(g)
+
+
+def test_shape_inference_after_edit() -> None:
+    from netquant.graph.shape_inference import infer_graph_shapes
+
+    g = load_onnx(chain_model())
+    g.insert_node_on_edge(Node("tile", "Concat", inputs=["a", "a"], outputs=["a2"], attrs={"axis": 0}), "a",
+                          consumers=[g.node("abs")])
+    g.outputs[1].shape = None
+    infer_graph_shapes(g)
+    assert g.value_info["a2"].shape == (4, 3) and g.value_info["a2"].dtype == torch.float32
+    assert run(g)["z"].shape == (4, 3)

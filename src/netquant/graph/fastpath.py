@@ -87,7 +87,8 @@ def _clip(inputs: list[Any], attrs: dict[str, Any], opset: int, idx: int) -> Ten
     for bound in (lo, hi):
         if bound is not None and (bound.numel() != 1 or bound.dtype != x.dtype or bound.device != x.device):
             return None
-    return x.clamp_(lo, hi)
+    # python scalars take clamp's fast path (0-d tensor bounds go through broadcasting); same values
+    return x.clamp_(None if lo is None else lo.item(), None if hi is None else hi.item())
 
 
 def _hard_sigmoid(inputs: list[Any], attrs: dict[str, Any], opset: int, idx: int) -> Tensor | None:
