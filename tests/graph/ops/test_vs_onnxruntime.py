@@ -315,3 +315,30 @@ def test_com_microsoft_qlinear_avgpool_softmax() -> None:
     node = oh.make_node("QLinearSoftmax", list(inputs), ["y"], domain="com.microsoft", axis=-1, opset=13)
     ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
     _close(ref, ours)
+
+
+@pytest.mark.parametrize(("op", "names", "attrs"), [
+    ("Gelu", ["x"], {}), ("BiasGelu", ["x", "bias"], {}), ("FastGelu", ["x", "bias"], {}),
+    ("QuickGelu", ["x"], {"alpha": 1.5}),
+])
+def test_com_microsoft_activations(op: str, names: list[str], attrs: dict) -> None:
+    pool = {"x": _f32(2, 5, 8), "bias": _f32(8), "skip": _f32(2, 5, 8)}
+    node = oh.make_node(op, names, ["y"], domain="com.microsoft", **attrs)
+    ref, ours = ort_and_ours(node, {k: pool[k] for k in names}, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours)
+
+
+def test_com_microsoft_fused_matmul_and_skip_layernorm() -> None:
+    node = oh.make_node("FusedMatMul", ["a", "b"], ["y"], domain="com.microsoft", alpha=0.5, transB=1)
+    _close(*ort_and_ours(node, {"a": _f32(2, 3, 4), "b": _f32(2, 5, 4)}, domain_opsets={"com.microsoft": 1}))
+    inputs = {"x": _f32(2, 3, 8), "skip": _f32(2, 3, 8), "gamma": _f32(8), "beta": _f32(8), "bias": _f32(8)}
+    node = oh.make_node("SkipLayerNormalization", list(inputs), ["y", "", "", "s"], domain="com.microsoft",
+                        epsilon=1e-5)
+    ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
+    _close(ref, ours)
+    inputs = {"x": _f32(2, 3, 8), "skip": _f32(2, 3, 8), "gamma": _f32(8)}
+    node = oh.make_node("SkipSimplifiedLayerNormalization", list(inputs), ["y"], domain="com.microsoft",
+                        epsilon=1e-5)
+    _close(*ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1}))
+    node = oh.make_node("SimplifiedLayerNormalization", ["x", "gamma"], ["y"], epsilon=1e-5, axis=-1)
+    _close(*ort_and_ours(node, {"x": _f32(2, 3, 8), "gamma": _f32(8)}))

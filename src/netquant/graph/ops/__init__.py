@@ -3,11 +3,13 @@
 from . import (  # noqa: F401
     activation,
     cast,
+    contrib,
     control,
     conv,
     elementwise,
     math,
     misc,
+    ml,
     norm,
     pool,
     quant,

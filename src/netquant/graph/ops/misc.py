@@ -16,7 +16,6 @@ from .registry import OpContext, register_op
 
 Tensor = torch.Tensor
 TRAINING = "ai.onnx.preview.training"
-ML = "ai.onnx.ml"
 
 
 @register_op("Constant")
@@ -415,20 +414,6 @@ def adam(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> 
         new_v.append(v2.to(v.dtype))
         new_h.append(h2.to(h.dtype))
     return new_x + new_v + new_h
-
-
-# ---------------------------------------------------------------- ai.onnx.ml (numeric ones)
-@register_op("Binarizer", domain=ML)
-def binarizer(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-    x = inputs[0]
-    return [(x > attrs.get("threshold", 0.0)).to(x.dtype)]
-
-
-@register_op("ArrayFeatureExtractor", domain=ML)
-def array_feature_extractor(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
-    x, idx = inputs[0], inputs[1].to(torch.int64).reshape(-1)
-    out = torch.index_select(x, x.dim() - 1, idx)
-    return [out.reshape(1, -1) if x.dim() == 1 else out]
 
 
 # ---------------------------------------------------------------- recurrent-state sequence ops (opset 25+)
