@@ -233,11 +233,12 @@ POW2_INT8 = Platform(
 FP8_E4M3 = Platform(
     name="fp8_e4m3",
     description="FP8 E4M3 (scaled, saturating): per-tensor activations, per-channel weights on "
-                "Conv/Gemm/MatMul inputs; outputs and bias float",
+                "Conv/Gemm/MatMul inputs only (outputs and bias float, so no integer QLinear* fusion "
+                "picks up an FP8 Q/DQ pair)",
     activation=QuantSpec.fp8_e4m3(),
     weight=QuantSpec.fp8_e4m3(granularity=Granularity.PER_CHANNEL, axis=0),
     bias=None,
-    rules=_rules(*[r.with_(output=OutputPolicy.WHEN_CONSUMED) for r in COMPUTE_RULES.values()]),
+    rules=_rules(*[r.with_(output=OutputPolicy.NEVER) for r in COMPUTE_RULES.values()]),
     fusions=(),
     activation_observer="minmax",
     weight_observer="minmax",
