@@ -223,3 +223,17 @@ def test_float16_bfloat16_and_int4_initializers_round_trip() -> None:
     for name in ("h", "bf", "i4"):
         orig = next(t for t in model.graph.initializer if t.name == name)
         assert np.array_equal(nh.to_array(orig).astype(np.float32), nh.to_array(by_name[name]).astype(np.float32))
+
+
+def test_overridable_initializer_inputs_survive_ir4() -> None:
+    """ir_version >= 4: an input that names an initializer is a default the caller may override."""
+    model = small_model()
+    model.graph.input.append(oh.make_tensor_value_info("w", TP.FLOAT, [4, 6]))
+    graph = load_onnx(model)
+    assert graph.input_names == ["x"]
+    back = to_onnx(graph)
+    assert [i.name for i in back.graph.input] == ["x", "w"]
+    x = RNG.standard_normal((2, 4)).astype(np.float32)
+    w = np.ones((4, 6), np.float32)
+    np.testing.assert_allclose(ort_run(back, {"x": x, "w": w})[0], np.maximum(x @ w, 0), rtol=1e-6)
+    np.testing.assert_allclose(Executor(graph).run({"x": x, "w": w})["y"].numpy(), np.maximum(x @ w, 0), rtol=1e-6)

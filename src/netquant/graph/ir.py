@@ -104,6 +104,8 @@ class Graph:
         # initializers torch cannot hold (string tensors), kept as serialized TensorProto
         self.opaque_initializers: dict[str, bytes] = {}
         self.sparse_initializers: list[bytes] = []
+        # graph inputs that name an initializer (a default the caller may override), in file order
+        self.initializer_inputs: list[Value] = []
         # names whose value_info entry was declared in the file (written back on save)
         self.declared_value_info: set[str] = set()
         self.model_info = ModelInfo()
@@ -207,7 +209,7 @@ class Graph:
             for sub in node.subgraphs():
                 if old in sub.free_values():
                     sub._rename_free(old, new)
-        for v in (*self.inputs, *self.outputs):
+        for v in (*self.inputs, *self.outputs, *self.initializer_inputs):
             if v.name == old:
                 v.name = new
         for table in (self.initializers, self.value_info, self.opaque_initializers, self.initializer_types):

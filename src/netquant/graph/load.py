@@ -59,6 +59,8 @@ def graph_from_proto(gp: onnx.GraphProto, opset_imports: dict[str, int], outer: 
     # ir_version < 4 lists initializers among the inputs as well; those are not real inputs
     graph.inputs = [value_from_proto(vi) for vi in gp.input
                     if vi.name not in graph.initializers and vi.name not in graph.opaque_initializers]
+    graph.initializer_inputs = [value_from_proto(vi) for vi in gp.input
+                                if vi.name in graph.initializers or vi.name in graph.opaque_initializers]
     graph.outputs = [value_from_proto(vi) for vi in gp.output]
     for vi in gp.value_info:
         graph.value_info[vi.name] = value_from_proto(vi)

@@ -80,8 +80,17 @@ def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *,
         gp.doc_string = graph.doc_string
     gp.node.extend(node_to_proto(n, opsets) for n in graph.nodes)
     gp.input.extend(value_to_proto(v) for v in graph.inputs)
+    listed = set(graph.input_names)
+    for v in graph.initializer_inputs:  # overridable defaults; typed from the current tensor
+        if v.name in graph.initializers:
+            t = graph.initializers[v.name]
+            elem = graph.initializer_types.get(v.name) or onnx_elem_type(t.dtype)
+            gp.input.append(onnx.helper.make_tensor_value_info(v.name, elem, list(t.shape)))
+            listed.add(v.name)
+        elif v.name in graph.opaque_initializers:
+            gp.input.append(value_to_proto(v))
+            listed.add(v.name)
     if ir_version < 4 and not is_subgraph:
-        listed = set(graph.input_names)
         for name, t in graph.initializers.items():
             if name not in listed:
                 elem = graph.initializer_types.get(name) or onnx_elem_type(t.dtype)
