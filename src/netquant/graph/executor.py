@@ -167,6 +167,9 @@ class Executor:
         for name in self.initializers:
             self._slot_of(name)
         self._elem_types = self._known_elem_types()
+        # ir_version >= 4 inputs naming an initializer are defaults callers may feed (never folded)
+        self._overridable = ({v.name for v in graph.initializer_inputs}
+                             if graph.model_info.ir_version >= 4 else set())
         self._input_slots = [self._slot_of(v.name) for v in graph.inputs]
         self._outer_slots = [(n, self._slot_of(n)) for n in _outer_names]
         self._steps = [self._build_step(node) for node in graph.nodes]
@@ -214,7 +217,7 @@ class Executor:
 
     def _fold_constant_steps(self) -> None:
         """Evaluate steps whose inputs are all constants once; their outputs become constants."""
-        const = {self._slot[n] for n in self.initializers}
+        const = {self._slot[n] for n in self.initializers if n not in self._overridable}
         graph_outs = {v.name for v in self.graph.outputs}
         kept: list[_Step] = []
         values: dict[int, Any] = {self._slot[n]: t for n, t in self.initializers.items()}
@@ -304,7 +307,7 @@ class Executor:
         graph_inputs = self.graph.inputs
         if isinstance(inputs, Mapping):
             unknown = [k for k in inputs if k not in self._slot or
-                       (k not in {v.name for v in graph_inputs} and k not in self.initializers)]
+                       (k not in {v.name for v in graph_inputs} and k not in self._overridable)]
             if unknown:
                 raise DataError(f"unknown input name(s) {unknown} for graph '{self.graph.name}'; "
                                 f"inputs are {[v.name for v in graph_inputs]}")
