@@ -242,3 +242,23 @@ def d(*shape: int) -> torch.Tensor:
 ])
 def test_gradients_flow(op: str, inputs: list, attrs: dict) -> None:
     _gradcheck(op, inputs, attrs, opset=23 if op == "Attention" else 20)
+
+
+# ---------------------------------------------------------------- random ops (references drawn by numpy)
+def test_bernoulli_deterministic_probabilities_and_seed() -> None:
+    p = torch.tensor([0.0, 1.0, 0.0, 1.0], dtype=torch.float64)
+    assert run("Bernoulli", [p], {"dtype": 1}, opset=15)[0].tolist() == [0.0, 1.0, 0.0, 1.0]
+    q = torch.full((1000,), 0.3)
+    a = run("Bernoulli", [q], {"seed": 3.0}, opset=15)[0]
+    b = run("Bernoulli", [q], {"seed": 3.0}, opset=15)[0]
+    torch.testing.assert_close(a, b)  # seeded: reproducible
+    assert a.dtype == torch.float32 and 0.24 < float(a.mean()) < 0.36
+
+
+def test_training_dropout_scales_kept_units() -> None:
+    x = torch.randn(4000)
+    y, mask = run("Dropout", [x, torch.tensor(0.25), torch.tensor(True)], {"seed": 0}, opset=13, n_out=2)
+    assert mask.dtype == torch.bool and 0.7 < float(mask.float().mean()) < 0.8
+    torch.testing.assert_close(y, x * mask / 0.75)
+    y0, mask0 = run("Dropout", [x, torch.tensor(0.25)], opset=13, n_out=2)  # inference: identity
+    assert y0 is x and bool(mask0.all())
