@@ -127,6 +127,7 @@ def resize_tensor(x: Tensor, out_sizes: list[int], scales: list[float], *, mode:
         return F.interpolate(xin, mode=tmode, **kw).to(x.dtype)
     invalid = None
     y = x
+    repeats: dict[int, int] = {}
     for ax in resized:
         in_len, out_len = x.shape[ax], out_sizes[ax]
         xo = _source_coords(out_len, in_len, scales[ax], ctm, (roi[ax], roi[ax + r]))
@@ -138,31 +139,50 @@ def resize_tensor(x: Tensor, out_sizes: list[int], scales: list[float], *, mode:
                 bad = bad.reshape(shape).to(x.device)
                 invalid = bad if invalid is None else invalid | bad
         if mode == "nearest":
-            y = _take(y, ax, _nearest_index(xo, in_len, nearest_mode))
+            idx = _nearest_index(xo, in_len, nearest_mode)
+            k = out_len // in_len
+            if k > 1 and out_len == k * in_len and torch.equal(idx, torch.arange(out_len) // k):
+                repeats[ax] = k  # integer upsampling: done for all such axes in one copy below
+                continue
+            y = _take(y, ax, idx)
         else:
             w = _weights(xo, in_len, scales[ax], mode, antialias, cubic_a, exclude_outside)
             yf = y if y.is_floating_point() else y.double()
             w = w.to(device=x.device, dtype=yf.dtype)
             yf = torch.movedim(torch.matmul(torch.movedim(yf, ax, -1), w.t()), -1, ax)
             y = yf if x.is_floating_point() else _round_cast(yf, x.dtype)
+    if repeats:
+        y = _repeat_each(y, repeats)
     if invalid is not None:
         y = torch.where(invalid, torch.tensor(extrapolation, dtype=y.dtype, device=y.device), y)
     return y
 
 
+def _repeat_each(x: Tensor, repeats: dict[int, int]) -> Tensor:
+    """Repeat every element k times along the given axes (nearest upsampling by integer factors) with one
+    copy, written in x's physical layout so channels-last tensors stay channels-last."""
+    r = x.dim()
+    perm = [0, 2, 3, 1] if r == 4 and x.is_contiguous(memory_format=torch.channels_last) \
+        and not x.is_contiguous() else list(range(r))
+    xp = x.permute(perm)
+    view, expand, merged = [], [], []
+    for j, ax in enumerate(perm):
+        n, k = xp.shape[j], repeats.get(ax, 1)
+        view += [n, 1] if k > 1 else [n]
+        expand += [n, k] if k > 1 else [n]
+        merged.append(n * k)
+    y = xp.reshape(view).expand(expand).reshape(merged)
+    inverse = [perm.index(i) for i in range(r)]
+    return y.permute(inverse)
+
+
 def _take(x: Tensor, axis: int, idx: Tensor) -> Tensor:
-    """x.index_select(axis, idx) via a strided view (idx = a + k * i) or one broadcast copy
-    (idx = i // k, integer upsampling) when the index pattern allows."""
+    """x.index_select(axis, idx), as a strided view when idx = a + k * i (integer downsampling)."""
     n = idx.numel()
     if n > 1:
         step = int(idx[1] - idx[0])
         if step > 0 and torch.equal(idx, idx[0] + step * torch.arange(n)):
             return x.narrow(axis, int(idx[0]), (n - 1) * step + 1)[(slice(None),) * axis + (slice(None, None, step),)]
-        k = n // x.shape[axis]
-        if k > 1 and n == k * x.shape[axis] and torch.equal(idx, torch.arange(n) // k):
-            shape = list(x.shape)
-            expanded = x.unsqueeze(axis + 1).expand(*shape[:axis + 1], k, *shape[axis + 1:])
-            return expanded.reshape(*shape[:axis], n, *shape[axis + 1:])
     return torch.index_select(x, axis, idx.to(x.device))
 
 
