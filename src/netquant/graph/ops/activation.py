@@ -170,6 +170,15 @@ def _hardmax(x: Tensor, dim: int) -> Tensor:
     return torch.zeros_like(x).scatter_(dim, idx, 1)
 
 
-_softmax_family("Softmax", lambda x, d: torch.softmax(x, d))
+def _softmax(x: Tensor, dim: int) -> Tensor:
+    """exp(x - max) / sum(exp(x - max)).  Half types follow the spec's op-by-op body (each step rounded to
+    the input type, as the ONNX reference and onnxruntime compute it); wider types use torch's fused kernel."""
+    if x.dtype in (torch.float16, torch.bfloat16):
+        e = torch.exp(x - x.amax(dim, keepdim=True))
+        return e / e.sum(dim, keepdim=True)
+    return torch.softmax(x, dim)
+
+
+_softmax_family("Softmax", _softmax)
 _softmax_family("LogSoftmax", lambda x, d: torch.log_softmax(x, d))
 _softmax_family("Hardmax", _hardmax)

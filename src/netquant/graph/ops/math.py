@@ -144,21 +144,40 @@ def dft_v17(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) 
 
 
 def _dft(x: Tensor, n: int | None, axis: int, inverse: int, onesided: int) -> Tensor:
-    """x: [..., 1 | 2] real or (re, im); returns [..., 2]."""
-    dt = x.dtype
+    """x: [..., 1 | 2] real or (re, im); returns [..., 2] (or [..., 1] for an inverse one-sided DFT).
+
+    CPU tensors outside autograd go through numpy's pocketfft, the library the ONNX reference uses (torch's
+    FFT differs from it by float32 round-off); otherwise torch.fft (differentiable, any device)."""
     xc = x if x.dtype in (torch.float32, torch.float64) else x.float()
-    c = torch.complex(xc[..., 0], xc[..., 1]) if x.shape[-1] == 2 else xc[..., 0]
     a = axis_of(axis, x.dim())
+    if x.device.type == "cpu" and not (torch.is_grad_enabled() and x.requires_grad):
+        return _dft_numpy(xc, n, a, inverse, onesided).to(x.dtype)
+    c = torch.complex(xc[..., 0], xc[..., 1]) if x.shape[-1] == 2 else xc[..., 0]
     if inverse and onesided:
-        y = torch.fft.irfft(c if c.is_complex() else c.to(torch.complex128), n=n, dim=a)
-        return y.unsqueeze(-1).to(dt)
+        return torch.fft.irfft(c if c.is_complex() else c.to(torch.complex64), n=n, dim=a)[..., None].to(x.dtype)
     if inverse:
         y = torch.fft.ifft(c, n=n, dim=a)
     elif onesided:
         y = torch.fft.rfft(c.real if c.is_complex() else c, n=n, dim=a)
     else:
         y = torch.fft.fft(c, n=n, dim=a)
-    return torch.stack([y.real, y.imag], dim=-1).to(dt)
+    return torch.stack([y.real, y.imag], dim=-1).to(x.dtype)
+
+
+def _dft_numpy(x: Tensor, n: int | None, a: int, inverse: int, onesided: int) -> Tensor:
+    import numpy as np
+
+    xn = x.detach().numpy()
+    c = xn[..., 0] + 1j * xn[..., 1] if xn.shape[-1] == 2 else xn[..., 0]
+    if inverse and onesided:
+        return torch.from_numpy(np.ascontiguousarray(np.fft.irfft(c, n=n, axis=a)[..., None]))
+    if inverse:
+        y = np.fft.ifft(c, n=n, axis=a)
+    elif onesided:
+        y = np.fft.rfft(c.real if np.iscomplexobj(c) else c, n=n, axis=a)
+    else:
+        y = np.fft.fft(c, n=n, axis=a)
+    return torch.from_numpy(np.ascontiguousarray(np.stack([y.real, y.imag], axis=-1)))
 
 
 @register_op("STFT")
