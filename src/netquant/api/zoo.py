@@ -7,8 +7,10 @@ the light CNNs from `onnx/backend/test/data/light` inside the installed onnx pac
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -28,35 +30,51 @@ LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "
 
 
 def cache_dir() -> Path:
-    """$NETQUANT_CACHE, else <repo or cwd>/.cache/netquant."""
+    """$NETQUANT_CACHE, else $XDG_CACHE_HOME/netquant, else ~/.cache/netquant (independent of the cwd)."""
     env = os.environ.get("NETQUANT_CACHE")
     if env:
         return Path(env)
-    return Path.cwd() / ".cache" / "netquant"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netquant"
+
+
+def _fetch_wheel(wheels: Path) -> Path:
+    """The cached rapidocr wheel; `pip download --no-deps` into a private temp dir, then an atomic rename."""
+    found = sorted(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=wheels) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, RAPIDOCR_WHEEL]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+        if proc.returncode != 0 or not got:
+            raise ModelError(f"could not fetch {RAPIDOCR_WHEEL} with pip download into {wheels}: "
+                             f"{proc.stderr.strip()[-400:]}; check that PyPI is reachable or place the wheel there")
+        final = wheels / got[0].name
+        os.replace(got[0], final)
+    return final
 
 
 def _rapidocr_dir() -> Path:
+    """Folder with the wheel's .onnx models, extracted once (atomic rename, safe across processes)."""
     target = cache_dir() / "rapidocr-1.4.4"
     if (target / PPOCR_MODELS["rec"]).exists():
         return target
-    wheels = cache_dir() / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    found = list(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
-    if not found:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(wheels), RAPIDOCR_WHEEL]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        found = list(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
-        if proc.returncode != 0 or not found:
-            raise ModelError(f"could not fetch {RAPIDOCR_WHEEL} with pip download into {wheels}: "
-                             f"{proc.stderr.strip()[-400:]}; check that PyPI is reachable or place the wheel there")
-    tmp = target.with_name(target.name + ".tmp")
-    tmp.mkdir(parents=True, exist_ok=True)
-    with zipfile.ZipFile(found[0]) as zf:
-        for name in zf.namelist():
-            base = name.rsplit("/", 1)[-1]
-            if base.endswith(".onnx") or base.endswith(".txt") or base.endswith(".yaml"):
-                (tmp / base).write_bytes(zf.read(name))
-    tmp.replace(target) if not target.exists() else None
+    wheel = _fetch_wheel(cache_dir() / "wheels")
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="rapidocr-"))
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            for name in zf.namelist():
+                base = name.rsplit("/", 1)[-1]
+                if base.endswith((".onnx", ".txt", ".yaml")):
+                    (tmp / base).write_bytes(zf.read(name))
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process finished first
+            if not (target / PPOCR_MODELS["rec"]).exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
