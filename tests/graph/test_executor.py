@@ -364,3 +364,48 @@ def to_onnx_functions(graph):
     from netquant.graph import to_onnx
 
     return to_onnx(graph).functions
+
+
+def test_inplace_with_observing_hooks_keeps_hook_lists_intact(monkeypatch) -> None:
+    from netquant.graph import fastpath
+
+    calls: list[str] = []
+    for op, fn in list(fastpath.INPLACE.items()):
+        def counting(inputs, attrs, opset, idx, _fn=fn, _op=op):
+            out = _fn(inputs, attrs, opset, idx)
+            if out is not None:
+                calls.append(_op)
+            return out
+        monkeypatch.setitem(fastpath.INPLACE, op, counting)
+    graph = load_onnx(ppocr_model_path("cls"))
+    x = ppocr_input("cls")
+    ex = Executor(graph)
+    maxima: list[float] = []
+    kept_lists: list[list] = []
+
+    def observe(node, inputs):  # an observer: reads statistics, keeps no tensor
+        if inputs and isinstance(inputs[0], torch.Tensor) and inputs[0].is_floating_point():
+            maxima.append(float(inputs[0].abs().max()))
+
+    def keep_list(node, inputs):  # keeps the list object it was given
+        if node.op_type == "Relu":
+            kept_lists.append(inputs)
+
+    ex.add_pre_hook(observe)
+    ex.add_pre_hook(keep_list)
+    with torch.no_grad():
+        fast = ex.run([x])
+    assert calls.count("Add") > 10  # the in-place path stayed on
+    ref_ex = Executor(graph, inplace=False)
+    ref_max: list[float] = []
+    ref_lists: list[list] = []
+    ref_ex.add_pre_hook(lambda n, ins: ref_max.append(float(ins[0].abs().max()))
+                        if ins and isinstance(ins[0], torch.Tensor) and ins[0].is_floating_point() else None)
+    ref_ex.add_pre_hook(lambda n, ins: ref_lists.append(ins) if n.op_type == "Relu" else None)
+    with torch.no_grad():
+        slow = ref_ex.run([x])
+    assert maxima == ref_max
+    for a, b in zip(kept_lists, ref_lists):
+        assert torch.equal(a[0], b[0])  # what the hook kept was not overwritten
+    for name in fast:
+        assert torch.equal(fast[name], slow[name])

@@ -130,7 +130,8 @@ class Executor:
                  _outer_names: Sequence[str] = (),
                  _hooks: tuple[list[PreHook], list[PostHook]] | None = None) -> None:
         """fold_constants: evaluate constant sub-expressions once here.  inplace: overwrite dying
-        activations in cheap elementwise ops when no hook or gradient can observe it.  channels_last:
+        activations in cheap elementwise ops when nothing else references them (hooks get their own
+        list copies, so a tensor a hook keeps is never overwritten) and no gradient flows through.  channels_last:
         keep 4-D activations of conv nets in NHWC memory order (faster oneDNN convolutions); None = on
         for CPU graphs with 2-D convolutions.  Values are the same either way."""
         _import_ops()
@@ -380,7 +381,7 @@ class Executor:
         grad = self._grad_needed(bound)
         mode = contextlib.nullcontext() if grad else torch.inference_mode()
         with mode:
-            result = self._execute(plan, bound, {}, inplace=self.inplace and not grad)
+            result = self._execute(plan, bound, {}, inplace=self.inplace)
         if self.channels_last:
             for name in outs:
                 t = result[name]
@@ -400,42 +401,49 @@ class Executor:
         for slot, t in bound:
             env[slot] = t
         pre, post = self._pre_hooks, self._post_hooks
-        inplace = inplace and not pre and not post
+        recording = torch.is_grad_enabled()  # False under inference_mode / no_grad
         for step, frees, inplace_fn, targets in plan.steps:
             args = [env[s] if s >= 0 else None for s in step.in_slots]
-            if inplace and inplace_fn is not None:
-                result = results = value = None  # drop loop variables that may still hold the target
-                for i in targets:
-                    target = args[i]
-                    if not isinstance(target, torch.Tensor):
-                        continue
-                    env[step.in_slots[i]] = None  # drop our reference; then only args + target remain
-                    if sys.getrefcount(target) <= _PRIVATE_REFS and storage_is_private(target):
-                        result = inplace_fn(args, step.node.attrs, step.ctx.opset, i)
-                        if result is not None:
-                            break
-                    env[step.in_slots[i]] = target
-                if result is not None:
-                    env[step.out_slots[0]] = result
-                    for s in frees:
-                        env[s] = None
-                    continue
             if pre:
                 for hook in pre:
-                    new = hook(step.node, args)
+                    new = hook(step.node, list(args))  # a copy: a hook keeping it pins the tensors
                     if new is not None:
                         args = list(new)
+                new = None
             if step.has_subgraphs:
                 step.ctx.run_subgraph = self._subgraph_runner({n: env[s] for n, s in step.outer})
                 results = self._call(step, args)
                 step.ctx.run_subgraph = None  # release the outer-scope values
             else:
-                results = self._call(step, args)
+                result = None
+                if inplace and inplace_fn is not None and not (
+                        recording and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)):
+                    results = value = None  # drop loop variables that may still hold the target
+                    for i in targets:
+                        target = args[i]
+                        if not isinstance(target, torch.Tensor):
+                            continue
+                        slot = step.in_slots[i]
+                        # a pre hook may have replaced the input: remember the original to restore it
+                        original = None if env[slot] is target else env[slot]
+                        env[slot] = None  # now only args + target may reference the tensor
+                        if sys.getrefcount(target) <= _PRIVATE_REFS and storage_is_private(target):
+                            result = inplace_fn(args, step.node.attrs, step.ctx.opset, i)
+                            if result is not None:
+                                break
+                        env[slot] = target if original is None else original
+                    target = original = None
+                if result is not None:
+                    results = [result]
+                    result = None
+                else:
+                    results = self._call(step, args)
             if post:
                 for hook in post:
-                    new = hook(step.node, results)
+                    new = hook(step.node, list(results))
                     if new is not None:
                         results = list(new)
+                new = None
             for slot, value in zip(step.out_slots, results):
                 if slot >= 0:
                     env[slot] = value
