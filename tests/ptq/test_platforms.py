@@ -172,3 +172,29 @@ def test_every_platform_builds_and_quantizes_the_conv(name):
     w = qg.op_configs["conv"].weight_config()
     assert w is not None and w.spec == get_platform(name).weight_spec_for(
         qg.graph.node("conv"), get_platform(name).rule("Conv"), 4)
+
+
+def _depthwise_model(after_relu: bool):
+    """x -> Conv(1x1) -> [Relu | Sigmoid] -> depthwise Conv(3x3, group=4) -> y."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.normal(size=(4, 3, 1, 1)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "Wd")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], name="pw"),
+             helper.make_node("Relu" if after_relu else "Sigmoid", ["a"], ["r"], name="act"),
+             helper.make_node("Conv", ["r", "Wd"], ["y"], name="dw", group=4, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_onnxruntime_depthwise_conv_only_on_an_integer_chain():
+    """Depthwise convs are memory-bound: int8 only pays when the input is already quantized."""
+    assert "dw" in build(_depthwise_model(after_relu=True), "onnxruntime_int8").quantized_ops()
+    assert "dw" not in build(_depthwise_model(after_relu=False), "onnxruntime_int8").quantized_ops()
+    assert "dw" in build(_depthwise_model(after_relu=False), "tensorrt_int8").quantized_ops()
