@@ -42,7 +42,7 @@ def test_quantize_from_npy_writes_model_json_and_trt_cache(model: Path, tmp_path
     result = run("quantize", model, "--calib", tmp_path / "calib.npy", "-o", out, "--json", tmp_path / "p.json",
                  "--trt-cache", tmp_path / "c.cache")
     assert result.exit_code == 0, result.output
-    assert "QLinearConv x2" in result.output and "ops quantized" in result.output
+    assert "QLinearConv x" in result.output and "ops quantized" in result.output
     sess = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"])
     y = sess.run(None, {"x": images(1, seed=5)})[0]
     ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": images(1, seed=5)})[0]
@@ -111,14 +111,35 @@ def test_failed_export_leaves_no_file(model: Path, tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == [model]
 
 
-def test_fp32_ops_keeps_selected_ops_in_float(model: Path, tmp_path: Path) -> None:
-    out = tmp_path / "o.onnx"
-    result = run("quantize", model, "--calib", "random", "-o", out, "--fp32-ops", "Gemm,name:conv2")
-    assert result.exit_code == 0, result.output
-    nodes = onnx.load(str(out)).graph.node
+def _float_weight_ops(path: Path) -> set[str]:
+    """Conv / Gemm nodes whose weight is a plain float initializer (not DequantizeLinear output)."""
+    nodes = onnx.load(str(path)).graph.node
     producers = {o: n for n in nodes for o in n.output}
-    for n in nodes:
-        if n.op_type == "Gemm" or n.name == "conv2":
-            assert n.input[1] not in producers  # the float weight initializer itself
-        if n.name == "conv1":
-            assert producers[n.input[1]].op_type == "DequantizeLinear"
+    return {n.name for n in nodes if n.op_type in ("Conv", "Gemm") and n.input[1] not in producers}
+
+
+def test_fp32_ops_keeps_selected_ops_in_float(model: Path, tmp_path: Path) -> None:
+    base, forced = tmp_path / "base.onnx", tmp_path / "forced.onnx"
+    assert run("quantize", model, "--calib", "random", "-o", base, "-q").exit_code == 0
+    assert {"conv2", "fc"} - _float_weight_ops(base) == {"conv2", "fc"}  # both quantized by default
+    result = run("quantize", model, "--calib", "random", "-o", forced, "--fp32-ops", "Gemm,name:conv2", "-q")
+    assert result.exit_code == 0, result.output
+    assert {"conv2", "fc"} <= _float_weight_ops(forced)
+
+
+def test_console_script_entry_point() -> None:
+    import shutil
+    import subprocess
+
+    exe = shutil.which("netquant")
+    if exe is None:
+        pytest.skip("netquant console script not installed in this environment")
+    out = subprocess.run([exe, "platforms", "--names"], capture_output=True, text=True, check=True).stdout
+    assert out.split() == list_platforms()
+
+
+@pytest.mark.slow
+def test_demo_quantizes_the_ppocr_recognizer() -> None:
+    result = run("demo", "--calib-lines", "128", "--eval-lines", "100", "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "FP32" in result.output and "INT8 (netquant)" in result.output and "QLinearConv" in result.output

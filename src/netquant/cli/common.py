@@ -33,3 +33,15 @@ def warn(console: Any, message: str) -> None:
     from rich.text import Text
 
     console.print(Text.assemble(("warning: ", "yellow"), message), soft_wrap=True)
+
+
+def quantize_quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[Any, list[str]]:
+    """Call fn, collecting Python warnings instead of printing them raw; returns (result, messages)."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = fn(*args, **kwargs)
+    messages = list(dict.fromkeys(str(w.message) for w in caught))
+    extra = getattr(result, "warnings", None) or []
+    return result, list(dict.fromkeys([*messages, *extra]))

@@ -11,14 +11,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from netquant.cli.common import friendly_errors, warn
+from netquant.cli.common import friendly_errors, quantize_quietly, warn
 
 CALIB_SEED, EVAL_SEED = 1000, 2000
 
 
 @click.command()
 @click.option("--platform", "platform_name", default="onnxruntime_int8", show_default=True)
-@click.option("--calib-lines", type=click.IntRange(min=1), default=64, show_default=True,
+@click.option("--calib-lines", type=click.IntRange(min=1), default=128, show_default=True,
               help="Rendered text lines used for calibration.")
 @click.option("--eval-lines", type=click.IntRange(min=1), default=200, show_default=True,
               help="Other rendered lines used for evaluation.")
@@ -47,10 +47,11 @@ def demo(platform_name: str, calib_lines: int, eval_lines: int, output_dir: Path
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / "ppocrv4_rec_int8.onnx"
         t = time.perf_counter()
-        qmodel = netquant.quantize_onnx(str(fp32), {"x": calib}, platform=platform_name, batch_size=8, quiet=quiet)
+        qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(fp32), {"x": calib}, platform=platform_name,
+                                            batch_size=8, quiet=quiet)
         report = export_qdq(qmodel.qgraph, out, sample={"x": calib[:8]})
         seconds = time.perf_counter() - t
-        for w in qmodel.warnings:
+        for w in messages:
             warn(console, w)
         with console.status("evaluating FP32 and INT8 in onnxruntime"):
             s32, s8 = rec_score(fp32, x, truth, dictionary), rec_score(out, x, truth, dictionary)

@@ -10,7 +10,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from netquant.cli.common import friendly_errors, warn
+from netquant.cli.common import friendly_errors, quantize_quietly, warn
 from netquant.data.calib import (
     ChannelOrder,
     ImageOptions,
@@ -51,6 +51,10 @@ class RunFacts:
     extra_files: list[Path] = field(default_factory=list)
 
 
+def _size(n: int) -> str:
+    return f"{n / 1e6:.2f} MB" if n >= 1e6 else f"{n / 1e3:.1f} kB"
+
+
 def summary_table(f: RunFacts) -> Table:
     t = Table(title=f"netquant: {f.model.name} -> {f.output.name}", show_header=False)
     t.add_column("what", style="bold")
@@ -63,7 +67,7 @@ def summary_table(f: RunFacts) -> Table:
     t.add_row("int8 kernels in onnxruntime",
               "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
                                                      or "none: onnxruntime runs this model in float"))
-    t.add_row("file size", f"{f.fp32_bytes / 1e6:.2f} MB -> {f.int8_bytes / 1e6:.2f} MB "
+    t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
                            f"({f.fp32_bytes / max(1, f.int8_bytes):.1f}x smaller)")
     t.add_row("opset", f.opset)
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
@@ -135,8 +139,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     if per_channel is not None:
         settings["per_channel"] = per_channel
     batches = split_batches(data, inputs, batch_size)
-    qmodel = netquant.quantize_onnx(str(model), batches, platform=platform, **settings)
-    for w in qmodel.warnings:
+    qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform, **settings)
+    for w in messages:
         warn(console, w)
     t_quant = time.perf_counter()
     with console.status(f"exporting and validating {output}"):
