@@ -224,3 +224,19 @@ def test_quant_params_json_records_every_config(tmp_path: Path) -> None:
             lo, hi = rec["range"]
             assert lo <= 0 <= hi
             assert hi - lo == pytest.approx(rec["scale"] * (rec["quant_max"] - rec["quant_min"]), rel=1e-5)
+
+
+def test_opset_upgrade_check_catches_a_changed_output() -> None:
+    from netquant.export.opset import check_same_outputs, upgrade_opset
+
+    model = conv_net(opset=11)
+    feeds = {"x": images(2)}
+    upgraded = upgrade_opset(model, 13)
+    assert ai_onnx_opset(upgraded) == 13
+    check_same_outputs(model, upgraded, feeds, "upgrade")  # the converter keeps outputs
+    broken = onnx.ModelProto()
+    broken.CopyFrom(upgraded)
+    bias = next(t for t in broken.graph.initializer if t.name == "bg")
+    bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1.0, "bg"))
+    with pytest.raises(ExportError, match="changed output 'y'"):
+        check_same_outputs(model, broken, feeds, "upgrade")
