@@ -240,3 +240,19 @@ def test_opset_upgrade_check_catches_a_changed_output() -> None:
     bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) + 1.0, "bg"))
     with pytest.raises(ExportError, match="changed output 'y'"):
         check_same_outputs(model, broken, feeds, "upgrade")
+
+
+def test_tensorrt_cache_converts_affine_uint8_params_to_symmetric_amax(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16), "onnxruntime_int8")
+    scales = trt_scales(qm.qgraph)
+    assert scales
+    checked = 0
+    for oc in qm.qgraph.op_configs.values():
+        for cfg, tensor in zip(oc.outputs, oc.op.outputs):
+            if cfg is None or cfg.state is not QuantState.ACTIVATED or tensor not in scales:
+                continue
+            p = cfg.effective_params
+            lo, hi = (0 - float(p.zero_point)) * float(p.scale), (255 - float(p.zero_point)) * float(p.scale)
+            assert scales[tensor] == pytest.approx(max(abs(lo), abs(hi)) / 127, rel=1e-6)
+            checked += 1
+    assert checked > 0
