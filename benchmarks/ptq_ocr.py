@@ -114,7 +114,7 @@ STRIDE = 2  # batches per calibration chunk: bounds onnxruntime's memory (it kee
 
 
 def ort_quantize(model: Path, out: Path, calib: np.ndarray, method: CalibrationMethod, work: Path,
-                 per_channel: bool = True) -> tuple[float, str]:
+                 per_channel: bool = True, op_types: list[str] | None = None) -> tuple[float, str]:
     """onnxruntime's recipe: quant_pre_process, then quantize_static QDQ; returns wall time and a note.
 
     When its per-channel output does not load (opset < 13: DequantizeLinear has no axis), the model is
@@ -134,7 +134,7 @@ def ort_quantize(model: Path, out: Path, calib: np.ndarray, method: CalibrationM
                 quant_pre_process(str(source), str(pre), skip_symbolic_shape=True)
                 note += "" if "skip_symbolic" in note else "quant_pre_process needed skip_symbolic_shape=True. "
             quantize_static(str(pre), str(out), _Reader(calib), quant_format=QuantFormat.QDQ,
-                            per_channel=per_channel, activation_type=QuantType.QUInt8,
+                            per_channel=per_channel, op_types_to_quantize=op_types, activation_type=QuantType.QUInt8,
                             weight_type=QuantType.QInt8, calibrate_method=method,
                             extra_options={"CalibStridedMinMax": STRIDE})
             try:
@@ -256,6 +256,9 @@ def main() -> None:
                     label = f"ORT quantize_static QDQ {'per-channel' if per_channel else 'per-tensor'} {method.name}"
                     variants.append((label, lambda out, fp32=fp32, calib=calib, method=method, pc=per_channel:
                                      ort_quantize(fp32, out, calib, method, work, pc)))
+                variants.append(("ORT quantize_static QDQ per-channel MinMax, only Conv/MatMul/Gemm (best known recipe)",
+                                 lambda out, fp32=fp32, calib=calib: ort_quantize(
+                                     fp32, out, calib, CalibrationMethod.MinMax, work, True, ["Conv", "MatMul", "Gemm"])))
             for label, quantize in variants:
                 out = work / f"{which}_{len(rows)}.onnx"
                 row = Row(name, label)
