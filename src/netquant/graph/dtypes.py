@@ -140,7 +140,8 @@ def tensor_to_proto(value: torch.Tensor | np.ndarray, name: str = "", elem_type:
         vals = t.reshape(-1).tolist()
         return onnx.helper.make_tensor(name, elem_type, list(t.shape), vals)
     proto = TensorProto()
-    proto.name = name
+    if name:
+        proto.name = name
     proto.dims.extend(t.shape)
     proto.data_type = onnx_elem_type(t.dtype) if elem_type is None else elem_type
     if t.dtype == torch.bool:
