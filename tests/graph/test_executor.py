@@ -409,3 +409,11 @@ def test_inplace_with_observing_hooks_keeps_hook_lists_intact(monkeypatch) -> No
         assert torch.equal(a[0], b[0])  # what the hook kept was not overwritten
     for name in fast:
         assert torch.equal(fast[name], slow[name])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on machines without CUDA")
+def test_cuda_unavailable_is_a_config_error() -> None:
+    from netquant.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="CUDA is not available"):
+        Executor(load_onnx(conv_model()), "cuda")

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netquant.errors import DataError, ModelError, NetquantError
+from netquant.errors import ConfigError, DataError, ModelError, NetquantError
 from netquant.graph.dtypes import numpy_to_torch
 from netquant.graph.fastpath import INPLACE, InplaceFn, storage_is_private
 from netquant.graph.ir import Graph, Node
@@ -138,6 +138,9 @@ class Executor:
         graph = _inline_local_functions(graph)
         self.graph = graph
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"Executor device '{device}': CUDA is not available in this torch build / machine; "
+                              f"use device='cpu'")
         self.check_inputs = check_inputs
         self.inplace = inplace
         if channels_last is None:
