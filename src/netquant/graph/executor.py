@@ -55,9 +55,15 @@ def _import_ops() -> None:
     _OPS_IMPORTED = True
 
 
-# references to a tensor nobody else holds, seen from the in-place check: the args list, the local
-# variable and getrefcount's own argument
-_PRIVATE_REFS = 3
+def _private_refcount() -> int:
+    """sys.getrefcount of a tensor held only by an args list and a local variable, measured in the same
+    shape as the in-place check (the exact count differs between Python versions)."""
+    args = [torch.empty(1)]
+    target = args[0]
+    return sys.getrefcount(target)
+
+
+_PRIVATE_REFS = _private_refcount()
 
 
 def _inline_local_functions(graph: Graph) -> Graph:
