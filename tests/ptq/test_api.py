@@ -106,8 +106,8 @@ def test_evaluate_and_layer_report():
 
 def test_quantize_torch_end_to_end(tmp_path):
     torch.manual_seed(0)
-    module = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-                                 torch.nn.Flatten(), torch.nn.Linear(8 * 8 * 8, 4))
+    module = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                                 torch.nn.Flatten(), torch.nn.Linear(16 * 8 * 8, 4))
     module.eval()
     example = torch.randn(1, 3, 8, 8)
     data = [torch.randn(4, 3, 8, 8).numpy() for _ in range(4)]

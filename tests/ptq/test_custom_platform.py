@@ -59,7 +59,7 @@ def test_custom_platform_end_to_end(my_npu, tmp_path):
         if cfg.state is not QuantState.FP32:
             assert cfg.spec.rounding is RoundingPolicy.ROUND_HALF_UP
     w = qm.qgraph.op_configs["conv1"].weight_config()
-    assert w.spec.granularity is Granularity.PER_CHANNEL and w.params.scale.shape == (4,)
+    assert w.spec.granularity is Granularity.PER_CHANNEL and w.params.scale.shape == (16,)
     # Add's inputs are OVERLAPPED by the producers' int8 outputs: the hook only affects its own quantizers
     # Concat on Platform.create's standard rule shares one scale over its inputs and output
     concat = qm.qgraph.op_configs["concat"]

@@ -175,19 +175,19 @@ def test_every_platform_builds_and_quantizes_the_conv(name):
 
 
 def _depthwise_model(after_relu: bool):
-    """x -> Conv(1x1) -> [Relu | Sigmoid] -> depthwise Conv(3x3, group=4) -> y."""
+    """x -> Conv(3x3, 16) -> [Relu | Sigmoid] -> depthwise Conv(3x3, group=16) -> y."""
     import numpy as np
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = [numpy_helper.from_array(rng.normal(size=(4, 3, 1, 1)).astype(np.float32), "W1"),
-             numpy_helper.from_array(rng.normal(size=(4, 1, 3, 3)).astype(np.float32), "Wd")]
-    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], name="pw"),
+    inits = [numpy_helper.from_array(rng.normal(size=(16, 3, 3, 3)).astype(np.float32), "W1"),
+             numpy_helper.from_array(rng.normal(size=(16, 1, 3, 3)).astype(np.float32), "Wd")]
+    nodes = [helper.make_node("Conv", ["x", "W1"], ["a"], name="pw", pads=[1, 1, 1, 1]),
              helper.make_node("Relu" if after_relu else "Sigmoid", ["a"], ["r"], name="act"),
-             helper.make_node("Conv", ["r", "Wd"], ["y"], name="dw", group=4, pads=[1, 1, 1, 1])]
+             helper.make_node("Conv", ["r", "Wd"], ["y"], name="dw", group=16, pads=[1, 1, 1, 1])]
     graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model
@@ -198,3 +198,29 @@ def test_onnxruntime_depthwise_conv_only_on_an_integer_chain():
     assert "dw" in build(_depthwise_model(after_relu=True), "onnxruntime_int8").quantized_ops()
     assert "dw" not in build(_depthwise_model(after_relu=False), "onnxruntime_int8").quantized_ops()
     assert "dw" in build(_depthwise_model(after_relu=False), "tensorrt_int8").quantized_ops()
+
+
+def test_onnxruntime_skips_tiny_convs():
+    """Convs under ORT_MIN_CONV_MACS multiply-adds per pixel stay float unless fed integers."""
+    from netquant.platforms.builtin import ORT_MIN_CONV_MACS
+
+    model = _depthwise_model(after_relu=True)
+    small = numpy_helper_array((2, 3, 3, 3))
+    assert small.size < ORT_MIN_CONV_MACS
+    model.graph.initializer[0].CopyFrom(small_proto(small, "W1"))
+    model.graph.initializer[1].CopyFrom(small_proto(numpy_helper_array((2, 1, 3, 3)), "Wd"))
+    model.graph.node[2].attribute[0].i = 2  # group = 2 channels now
+    qg = build(model, "onnxruntime_int8")
+    assert qg.quantized_ops() == []
+
+
+def numpy_helper_array(shape):
+    import numpy as np
+
+    return np.random.default_rng(1).normal(size=shape).astype(np.float32)
+
+
+def small_proto(arr, name):
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(arr, name)

@@ -20,11 +20,11 @@ def _const_node(name: str, arr: np.ndarray) -> onnx.NodeProto:
 
 
 def conv_relu_gemm(weights_as_constants: bool = False, opset: int = 13) -> onnx.ModelProto:
-    """x[N,3,8,8] -> Conv(4) -> Relu -> MaxPool(2) -> Reshape[N,64] -> Gemm(transB=1, 5) -> y."""
+    """x[N,3,8,8] -> Conv(16) -> Relu -> MaxPool(2) -> Reshape[N,256] -> Gemm(transB=1, 5) -> y."""
     rng = np.random.default_rng(RNG_SEED)
-    w = rng.normal(0, 0.3, (4, 3, 3, 3))
-    b = rng.normal(0, 0.1, (4,))
-    w2 = rng.normal(0, 0.2, (5, 64))
+    w = rng.normal(0, 0.3, (16, 3, 3, 3))
+    b = rng.normal(0, 0.1, (16,))
+    w2 = rng.normal(0, 0.1, (5, 256))
     b2 = rng.normal(0, 0.1, (5,))
     shape = np.array([0, -1], dtype=np.int64)
     nodes = [
@@ -50,12 +50,12 @@ def conv_relu_gemm(weights_as_constants: bool = False, opset: int = 13) -> onnx.
 def residual_concat(opset: int = 13) -> onnx.ModelProto:
     """x -> conv1 -> a; conv2(a) -> b; Add(a, b) -> s; Sigmoid(s) -> g; Concat(a, g) -> cat; conv3(cat) -> y."""
     rng = np.random.default_rng(RNG_SEED + 1)
-    inits = [_init("W1", rng.normal(0, 0.3, (4, 3, 3, 3))), _init("B1", rng.normal(0, 0.1, (4,))),
-             _init("W2", rng.normal(0, 0.3, (4, 4, 1, 1))), _init("B2", rng.normal(0, 0.1, (4,))),
-             _init("W3", rng.normal(0, 0.3, (2, 8, 1, 1))), _init("B3", rng.normal(0, 0.1, (2,)))]
+    inits = [_init("W1", rng.normal(0, 0.3, (16, 3, 3, 3))), _init("B1", rng.normal(0, 0.1, (16,))),
+             _init("W2", rng.normal(0, 0.1, (16, 16, 3, 3))), _init("B2", rng.normal(0, 0.1, (16,))),
+             _init("W3", rng.normal(0, 0.2, (16, 32, 1, 1))), _init("B3", rng.normal(0, 0.1, (16,)))]
     nodes = [
         helper.make_node("Conv", ["x", "W1", "B1"], ["a"], name="conv1", pads=[1, 1, 1, 1]),
-        helper.make_node("Conv", ["a", "W2", "B2"], ["b"], name="conv2"),
+        helper.make_node("Conv", ["a", "W2", "B2"], ["b"], name="conv2", pads=[1, 1, 1, 1]),
         helper.make_node("Add", ["a", "b"], ["s"], name="add"),
         helper.make_node("Sigmoid", ["s"], ["g"], name="sigmoid"),
         helper.make_node("Concat", ["a", "g"], ["cat"], name="concat", axis=1),
@@ -63,7 +63,7 @@ def residual_concat(opset: int = 13) -> onnx.ModelProto:
     ]
     graph = helper.make_graph(nodes, "residual_concat",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 8, 8])], inits)
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 8, 8])], inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     onnx.checker.check_model(model)
     return model

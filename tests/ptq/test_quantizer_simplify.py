@@ -26,12 +26,12 @@ def lcnet_block(residual: bool = False) -> onnx.ModelProto:
     """x -> Conv -> Mul(K) -> Add(C) -> hard-swish as Add(3), Clip(0, 6), Mul, Div(6) -> Conv -> y."""
     rng = np.random.default_rng(5)
     f = np.float32
-    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (6, 3, 3, 3)).astype(f), "W"),
-             numpy_helper.from_array(rng.normal(0, 0.2, (6,)).astype(f), "B"),
+    inits = [numpy_helper.from_array(rng.normal(0, 0.5, (16, 3, 3, 3)).astype(f), "W"),
+             numpy_helper.from_array(rng.normal(0, 0.2, (16,)).astype(f), "B"),
              numpy_helper.from_array(np.array([K], f), "k"), numpy_helper.from_array(np.array(C, f), "c"),
              numpy_helper.from_array(np.array(3.0, f), "three"), numpy_helper.from_array(np.array(0.0, f), "zero"),
              numpy_helper.from_array(np.array(6.0, f), "six"),
-             numpy_helper.from_array(rng.normal(0, 0.5, (2, 6, 1, 1)).astype(f), "W2")]
+             numpy_helper.from_array(rng.normal(0, 0.5, (2, 16, 1, 1)).astype(f), "W2")]
     nodes = [
         helper.make_node("Conv", ["x", "W", "B"], ["c0"], name="conv", pads=[1, 1, 1, 1]),
         helper.make_node("Mul", ["k", "c0"], ["m"], name="lab_mul"),
@@ -44,7 +44,7 @@ def lcnet_block(residual: bool = False) -> onnx.ModelProto:
     ]
     outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 2, 8, 8])]
     if residual:  # `a` is also a graph output: its negative values matter
-        outputs.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 6, 8, 8]))
+        outputs.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 16, 8, 8]))
     graph = helper.make_graph(nodes, "lcnet_block",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])], outputs, inits)
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)

@@ -98,6 +98,22 @@ def is_depthwise(node: Node, weight: torch.Tensor | None) -> bool:
             and weight.dim() >= 2 and weight.shape[1] == 1)
 
 
+def macs_per_pixel(weight: torch.Tensor | None) -> int:
+    """Multiply-adds per output pixel of a Conv: C_out * C_in/group * kernel size (= weight.numel())."""
+    return 0 if weight is None else weight.numel()
+
+
+def depthwise_or_small(min_macs: int) -> Callable[[Node, torch.Tensor | None], bool]:
+    """True for depthwise convs and convs under `min_macs` multiply-adds per pixel: on a CPU engine their
+    int8 kernels are no faster than float once the extra Quantize / Dequantize / layout passes are paid."""
+
+    def check(node: Node, weight: torch.Tensor | None) -> bool:
+        return is_depthwise(node, weight) or macs_per_pixel(weight) < min_macs
+
+    check.__name__ = f"depthwise_or_under_{min_macs}_macs"
+    return check
+
+
 def _gemm_axis(node: Node) -> int:
     """Gemm B is (K, N) -> output channels on axis 1; with transB=1 it is (N, K) -> axis 0."""
     return 0 if int(node.attrs.get("transB", 0)) else 1
