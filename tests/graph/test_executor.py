@@ -336,7 +336,11 @@ def test_no_inplace_when_hooks_observe() -> None:
 def test_channels_last_gives_same_values_and_contiguous_outputs() -> None:
     graph = load_onnx(ppocr_model_path("det"))
     x = ppocr_input("det")
-    a = Executor(graph).run([x])
+    fast = Executor(graph, channels_last=True)
+    assert fast.channels_last and Executor(graph, channels_last=None).channels_last
+    conv = next(n for n in graph.nodes if n.op_type == "Conv")
+    assert fast.initializers[conv.inputs[1]].is_contiguous(memory_format=torch.channels_last)
+    a = fast.run([x])
     b = Executor(graph, channels_last=False, inplace=False).run([x])
     for name in a:
         assert a[name].is_contiguous()
