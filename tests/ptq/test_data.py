@@ -202,3 +202,12 @@ def test_random_data_fills_dynamic_dims() -> None:
     assert out["x"].shape == (4, 3, 32, 20) and out["x"].dtype == np.float32
     again = load_calibration("random", [ModelInput("x", ("N", 3, "h", 20))], limit=4, seed=1)
     assert np.array_equal(out["x"], again["x"])
+
+
+def test_random_data_takes_image_size_for_dynamic_spatial_dims() -> None:
+    inp = ModelInput("x", ("N", 3, "h", "w"))
+    out = load_calibration("random", [inp], limit=2, image_options=ImageOptions(height=48, width=320))
+    assert out["x"].shape == (2, 3, 48, 320)
+    nhwc = ModelInput("x", ("N", "h", "w", 3))
+    out = load_calibration("random", [nhwc], limit=2, image_options=ImageOptions(height=8, width=6, layout=Layout.NHWC))
+    assert out["x"].shape == (2, 8, 6, 3)

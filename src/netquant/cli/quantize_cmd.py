@@ -126,6 +126,10 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
                         std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),
                         layout=Layout(layout.lower()), keep_aspect_pad=keep_aspect)
+    if calib == "random" and (height is None or width is None) and any(
+            inp.shape and any(not isinstance(d, int) or d <= 0 for d in inp.shape[1:]) for inp in inputs):
+        warn(console, "random calibration data fills the model's dynamic dims with 32; give --height / --width "
+                      "if the model needs another image size")
     with console.status("loading calibration data"):
         data = load_calibration(calib, inputs, image_options=opts, limit=num_calib, seed=seed)
     samples = len(next(iter(data.values())))

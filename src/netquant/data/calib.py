@@ -236,11 +236,12 @@ def load_arrays(path: str | Path, inputs: Sequence[ModelInput], limit: int | Non
     return out
 
 
-def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0,
-                dynamic_dim: int = 32) -> dict[str, np.ndarray]:
+def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0, dynamic_dim: int = 32,
+                image_options: ImageOptions | None = None) -> dict[str, np.ndarray]:
     """Standard-normal float (or 0/1 integer) samples: a smoke test, not a real calibration.
 
-    Dynamic dims other than the batch dim take `dynamic_dim`.
+    Dynamic dims other than the batch dim take `dynamic_dim`; for 4-d inputs the height / width of
+    `image_options` (when given) fill the spatial dims of its layout.
     """
     rng = np.random.default_rng(seed)
     out = {}
@@ -248,6 +249,12 @@ def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0,
         if inp.shape is None:
             raise DataError(f"model input {inp.describe()} has no known rank; random data needs a shape")
         dims = [count] + [_static(d) or dynamic_dim for d in inp.shape[1:]]
+        if image_options is not None and len(dims) == 4:
+            h_axis, w_axis = (2, 3) if image_options.layout is Layout.NCHW else (1, 2)
+            if _static(inp.shape[h_axis]) is None and image_options.height:
+                dims[h_axis] = image_options.height
+            if _static(inp.shape[w_axis]) is None and image_options.width:
+                dims[w_axis] = image_options.width
         if np.issubdtype(inp.dtype, np.floating):
             out[inp.name] = rng.standard_normal(dims).astype(inp.dtype)
         else:
@@ -261,7 +268,7 @@ def load_calibration(source: str | Path, inputs: Sequence[ModelInput], *, image_
     if limit is not None and limit < 1:
         raise DataError(f"the number of calibration samples must be >= 1, got {limit}")
     if str(source) == "random":
-        return random_data(inputs, count=limit or 8, seed=seed)
+        return random_data(inputs, count=limit or 8, seed=seed, image_options=image_options)
     path = Path(source)
     if not path.exists():
         raise DataError(f"calibration data '{path}' does not exist; give a folder of images, .npy/.npz "
