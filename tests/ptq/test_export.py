@@ -256,3 +256,11 @@ def test_tensorrt_cache_converts_affine_uint8_params_to_symmetric_amax(tmp_path:
             assert scales[tensor] == pytest.approx(max(abs(lo), abs(hi)) / 127, rel=1e-6)
             checked += 1
     assert checked > 0
+
+
+def test_export_is_deterministic(tmp_path: Path) -> None:
+    qm = _quantize(conv_net(), images(16))
+    a = export_qdq(qm.qgraph, tmp_path / "a.onnx", check_kernels=False)
+    b = export_qdq(qm.qgraph, tmp_path / "b.onnx", check_kernels=False)
+    assert a.int8_kernels is None and b.size_bytes == a.size_bytes
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
