@@ -102,6 +102,12 @@ def test_ort_int8_kernels_counts_fused_convs(cls_export) -> None:
     assert convs > 0 and kernels.get("QLinearConv", 0) == convs
     fp32 = ort_int8_kernels(Path(netquant.api.zoo.ppocr_model_path("cls")))
     assert fp32 == {}
+    from netquant.export import ort_optimized_op_types
+
+    counts = ort_optimized_op_types(path)
+    assert report.runtime_qdq == counts.get("QuantizeLinear", 0) + counts.get("DequantizeLinear", 0)
+    n_qdq = sum(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in onnx.load(str(path)).graph.node)
+    assert report.runtime_qdq < n_qdq  # onnxruntime fused most of the file's Q/DQ into integer kernels
 
 
 # ---- every built-in platform -----------------------------------------------------------------------

@@ -43,6 +43,7 @@ class RunFacts:
     ops_quantized: int
     by_type: dict[str, int]
     int8_kernels: dict[str, int] | None
+    runtime_qdq: int | None
     fp32_bytes: int
     int8_bytes: int
     opset: str
@@ -67,6 +68,8 @@ def summary_table(f: RunFacts) -> Table:
     t.add_row("int8 kernels in onnxruntime",
               "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
                                                      or "none: onnxruntime runs this model in float"))
+    if f.runtime_qdq is not None:
+        t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
                            f"({f.fp32_bytes / max(1, f.int8_bytes):.1f}x smaller)")
     t.add_row("opset", f.opset)
@@ -159,7 +162,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     facts = RunFacts(
         model=model, output=output, platform=platform.name, samples=samples, ops_total=summary["ops"],
         ops_quantized=summary["quantized_ops"], by_type=summary["quantized_by_type"],
-        int8_kernels=report.int8_kernels, fp32_bytes=model.stat().st_size, int8_bytes=report.size_bytes,
+        int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq, fp32_bytes=model.stat().st_size, int8_bytes=report.size_bytes,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
         cosine=report.output_cosine,
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,

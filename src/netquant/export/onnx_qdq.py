@@ -14,7 +14,7 @@ from netquant.errors import ExportError
 from netquant.export.atomic import atomic_path
 from netquant.export.configs import check_deployable, unwrap
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, upgrade_opset
-from netquant.export.ort_kernels import ort_int8_kernels
+from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.validate import check_model, compare_with_executor, ort_session, sample_feeds
 
@@ -36,6 +36,7 @@ class ExportReport:
     output_cosine: dict[str, float] = field(default_factory=dict)
     output_max_abs_diff: dict[str, float] = field(default_factory=dict)
     int8_kernels: dict[str, int] | None = None
+    runtime_qdq: int | None = None  # Q + DQ nodes onnxruntime still runs after fusing (None: not checked)
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -54,7 +55,8 @@ class ExportReport:
         return (f"{self.path}: opset {self.source_opset}->{self.opset}, {len(self.quantized_ops)} ops quantized, "
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x); cosine vs executor {cos}; "
-                f"onnxruntime int8 kernels: {kernels}")
+                f"onnxruntime int8 kernels: {kernels}"
+                + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
 
 
 def build_qdq_model(qmodel: Any, *, opset: int | None = None,
@@ -124,13 +126,15 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
             sess = ort_session(str(tmp), where)
             cos, diff = compare_with_executor(qgraph, sess, feeds, where, min_cosine)
     target = Path(path)
-    kernels = ort_int8_kernels(target) if check_kernels else None
+    counts = ort_optimized_op_types(target) if check_kernels else None
+    kernels = int8_kernels_of(counts) if counts is not None else None
     return ExportReport(
         path=target, opset=ai_onnx_opset(model), source_opset=source,
         fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
         validated=validate, output_cosine=cos, output_max_abs_diff=diff, int8_kernels=kernels,
+        runtime_qdq=ort_runtime_qdq(counts) if counts is not None else None,
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
 
 

@@ -47,10 +47,19 @@ def ort_optimized_op_types(path: str | os.PathLike[str], level: str = "all") -> 
     return Counter(n.op_type for n in model.graph.node)
 
 
+def int8_kernels_of(counts: Counter[str]) -> dict[str, int]:
+    """The integer-kernel entries of an op-type count."""
+    return {op: n for op, n in sorted(counts.items()) if op in INT8_KERNEL_OPS or op == "DynamicQuantizeLinear"}
+
+
 def ort_int8_kernels(path: str | os.PathLike[str]) -> dict[str, int]:
     """Integer-kernel op types (QLinearConv, MatMulIntegerToFloat, QGemm, ...) onnxruntime runs, with counts.
 
     An empty dict means onnxruntime fused no Q/DQ pattern: the model runs in float.
     """
-    counts = ort_optimized_op_types(path)
-    return {op: n for op, n in sorted(counts.items()) if op in INT8_KERNEL_OPS or op == "DynamicQuantizeLinear"}
+    return int8_kernels_of(ort_optimized_op_types(path))
+
+
+def ort_runtime_qdq(counts: Counter[str]) -> int:
+    """QuantizeLinear + DequantizeLinear nodes onnxruntime still executes (pure overhead on CPU)."""
+    return counts.get("QuantizeLinear", 0) + counts.get("DequantizeLinear", 0)
