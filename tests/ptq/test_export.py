@@ -270,3 +270,17 @@ def test_export_is_deterministic(tmp_path: Path) -> None:
     b = export_qdq(qm.qgraph, tmp_path / "b.onnx", check_kernels=False)
     assert a.int8_kernels is None and b.size_bytes == a.size_bytes
     assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_dynamic_model_without_a_sample_asks_for_one(cls_export, tmp_path: Path) -> None:
+    qm, _, _, test = cls_export
+    kept = qm.qgraph.sample_inputs
+    qm.qgraph.sample_inputs = None
+    try:
+        with pytest.raises(ExportError, match=r"input 'x'.*pass sample="):
+            export_qdq(qm.qgraph, tmp_path / "m.onnx")
+        assert not (tmp_path / "m.onnx").exists()
+        report = export_qdq(qm.qgraph, tmp_path / "m.onnx", sample={"x": test[:4]}, check_kernels=False)
+        assert report.validated and (tmp_path / "m.onnx").exists()
+    finally:
+        qm.qgraph.sample_inputs = kept
