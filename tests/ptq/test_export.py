@@ -284,3 +284,17 @@ def test_dynamic_model_without_a_sample_asks_for_one(cls_export, tmp_path: Path)
         assert report.validated and (tmp_path / "m.onnx").exists()
     finally:
         qm.qgraph.sample_inputs = kept
+
+
+def test_model_with_newest_ir_version_exports_a_model_onnxruntime_loads(tmp_path: Path) -> None:
+    """onnx.helper.make_model writes the newest IR version, which onnxruntime may not know yet."""
+    model = conv_net()
+    model.ir_version = onnx.IR_VERSION
+    qm = _quantize(model, images(16))
+    path = tmp_path / "ir.onnx"
+    export_qdq(qm.qgraph, path)
+    out = onnx.load(str(path))
+    assert out.ir_version == onnx.helper.find_min_ir_version_for(list(out.opset_import), ignore_unknown=True)
+    got = _session(path).run(None, {"x": images(2, seed=3)})[0]
+    ref = qm.run({"x": torch.from_numpy(images(2, seed=3))})["y"].numpy()
+    assert cosine(ref, got) >= 0.99

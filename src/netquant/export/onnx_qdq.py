@@ -13,7 +13,7 @@ import onnx
 from netquant.errors import ExportError
 from netquant.export.atomic import atomic_path
 from netquant.export.configs import check_deployable, unwrap
-from netquant.export.opset import ai_onnx_opset, check_same_outputs, upgrade_opset
+from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
 from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.validate import check_model, compare_with_executor, ort_session, sample_feeds
@@ -86,6 +86,7 @@ def build_qdq_model(qmodel: Any, *, opset: int | None = None,
         model.CopyFrom(fp32)
     builder = QdqBuilder(qgraph, model)
     model = builder.build()
+    lower_ir_version(model)
     model.producer_name, model.producer_version = "netquant", _version()
     platform = getattr(qgraph.platform, "name", "")
     if platform:

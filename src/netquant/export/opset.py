@@ -60,3 +60,20 @@ def check_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: d
             diff = float(np.abs(a.astype(np.float64) - b.astype(np.float64)).max()) if a.shape == b.shape else "shape"
             raise ExportError(f"{what} changed output '{out.name}' (max abs diff {diff}); not exporting. "
                               "Pass opset= explicitly or export for a platform that allows the model's opset.")
+
+
+def lower_ir_version(model: onnx.ModelProto) -> None:
+    """Set ir_version to the lowest the model's opsets need, if the checker still accepts it.
+
+    Engines refuse IR versions newer than they know (onnxruntime 1.31 stops at 13, while onnx 1.23's
+    make_model writes 14), and a QDQ model needs no more than its opsets do.
+    """
+    need = onnx.helper.find_min_ir_version_for(list(model.opset_import), ignore_unknown=True)
+    if need >= model.ir_version:
+        return
+    original = model.ir_version
+    model.ir_version = need
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError:
+        model.ir_version = original
