@@ -17,49 +17,25 @@ import argparse
 import copy
 import platform
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import onnxruntime as ort
 import torch
 from rich.console import Console
 from rich.progress import Progress
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from torch import nn
 
 import netquant.nn as nqnn
 from netquant.core.ops import GradMode
 
 RESULTS = Path(__file__).parent / "results" / "qat_digits.md"
-
-
-# ---- data and model (same as tests/nn/digits.py) -----------------------------------------------
-def digits_data(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    data = load_digits()
-    x = (data.images / 16.0).astype(np.float32)[:, None]
-    x_tr, x_te, y_tr, y_te = train_test_split(x, data.target, test_size=0.25, random_state=seed,
-                                              stratify=data.target)
-    return (torch.from_numpy(x_tr), torch.from_numpy(y_tr).long(), torch.from_numpy(x_te),
-            torch.from_numpy(y_te).long())
-
-
-class DigitsCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-            nn.AvgPool2d(2),
-        )
-        self.head = nn.Linear(32 * 4 * 4, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.flatten(self.features(x), 1))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "nn"))
+from digits import DigitsCNN, digits_data  # noqa: E402  (the model and data the tests check)
 
 
 def train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float, seed: int,

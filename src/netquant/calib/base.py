@@ -27,6 +27,14 @@ from netquant.errors import CalibrationError, ConfigError, DataError
 log = logging.getLogger("netquant.calib")
 
 
+
+def extend_range(min_val: torch.Tensor | None, max_val: torch.Tensor | None, lo: torch.Tensor,
+                 hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Running per-channel extremes: (min(min_val, lo), max(max_val, hi)); copies of lo, hi at first."""
+    if min_val is None or max_val is None:
+        return lo.clone(), hi.clone()
+    return torch.minimum(min_val, lo), torch.maximum(max_val, hi)
+
 @dataclass
 class Batch:
     """One observed batch in (C, N) layout with its per-channel finite extrema.

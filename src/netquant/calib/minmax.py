@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from netquant.calib.base import Batch, Observer
+from netquant.calib.base import Batch, Observer, extend_range
 from netquant.core.spec import QuantSpec
 from netquant.errors import ConfigError
 
@@ -20,19 +20,11 @@ class MinMaxObserver(Observer):
         self.max_val: torch.Tensor | None = None
 
     def _update(self, batch: Batch) -> None:
-        if self.min_val is None:
-            self.min_val, self.max_val = batch.cmin.clone(), batch.cmax.clone()
-        else:
-            self.min_val = torch.minimum(self.min_val, batch.cmin)
-            self.max_val = torch.maximum(self.max_val, batch.cmax)
+        self.min_val, self.max_val = extend_range(self.min_val, self.max_val, batch.cmin, batch.cmax)
 
     def _merge_state(self, other: Observer) -> None:
         assert isinstance(other, MinMaxObserver) and other.min_val is not None and other.max_val is not None
-        if self.min_val is None or self.max_val is None:
-            self.min_val, self.max_val = other.min_val.clone(), other.max_val.clone()
-        else:
-            self.min_val = torch.minimum(self.min_val, other.min_val)
-            self.max_val = torch.maximum(self.max_val, other.max_val)
+        self.min_val, self.max_val = extend_range(self.min_val, self.max_val, other.min_val, other.max_val)
 
     def _range(self) -> tuple[torch.Tensor, torch.Tensor]:
         assert self.min_val is not None and self.max_val is not None

@@ -9,10 +9,12 @@ translation of the ``netquant::qdq`` op; the file is written whole or not at all
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import tempfile
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,18 @@ def _install_plans(model: nn.Module, opset: int) -> list[Any]:
     return installed
 
 
+@contextlib.contextmanager
+def _quiet_exporter_logs() -> Iterator[None]:
+    """Silence torch.onnx's info/warning logs (e.g. 'torchvision is not installed') during export."""
+    logger = logging.getLogger("torch.onnx")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], path: str | os.PathLike[str], *,
                 opset: int = 21, input_names: Sequence[str] | None = None,
                 output_names: Sequence[str] | None = None, dynamic_batch: bool = True) -> Path:
@@ -104,7 +118,7 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
         if dynamic_batch:
             dynamic_shapes = tuple({0: torch.export.Dim.DYNAMIC} if isinstance(a, torch.Tensor) else None
                                    for a in args)
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _quiet_exporter_logs():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
                 model, args, dynamo=True, opset_version=opset, verbose=False,
