@@ -20,7 +20,7 @@ from netquant.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
     from netquant.graph import Graph, Node
-    from netquant.passes.quant_graph import OpQuantConfig
+    from netquant.graph.op_config import OpQuantConfig
 
 
 class OpRole(enum.Enum):
