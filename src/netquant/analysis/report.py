@@ -24,6 +24,9 @@ def rich_table(errors: Sequence[LayerError], title: str = "per-layer quantizatio
 
 
 def markdown_table(errors: Sequence[LayerError]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
-    lines += ["| " + " | ".join(e.row()) + " |" for e in errors]
+    """GitHub markdown table, one row per op output; '|' inside a cell (e.g. 'max |err|') is escaped."""
+    def line(cells: Sequence[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    lines = [line(HEADER), "|" + "---|" * len(HEADER)] + [line(e.row()) for e in errors]
     return "\n".join(lines) + "\n"

@@ -8,7 +8,16 @@ from typing import Any
 
 import torch
 
-from netquant.analysis import LayerError, cosine, layer_errors, rich_table, snr_db, worst
+from netquant.analysis import (
+    LayerError,
+    check_plot_target,
+    cosine,
+    layer_errors,
+    plot_layer_errors,
+    rich_table,
+    snr_db,
+    worst,
+)
 from netquant.errors import ConfigError
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
@@ -113,6 +122,15 @@ class QuantizedModel:
 
         errors = self.layer_report(data)
         Console().print(rich_table(worst(errors, top), title=f"{top} op outputs with the lowest SNR"))
+        return errors
+
+    def plot_report(self, path: str | Path, data: Iterable[Any] | None = None, *, max_batches: int = 1,
+                    title: str | None = None, top: int | None = None) -> list[LayerError]:
+        """Write the per-layer SNR / cosine plot (PNG, needs matplotlib) of layer_report(data); returns the errors."""
+        check_plot_target(path)
+        errors = self.layer_report(data, max_batches)
+        plot_layer_errors(errors, path, top=top, title=title or f"per-layer quantization error: {self.graph.name} "
+                                                                f"on {self.platform.name}")
         return errors
 
     # ---- export ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.console import Console
@@ -19,7 +20,12 @@ from netquant.data.calib import (
     model_inputs,
     split_batches,
 )
-from netquant.errors import DataError
+from netquant.errors import ConfigError, DataError
+
+if TYPE_CHECKING:
+    from netquant.api.model import QuantizedModel
+
+REPORT_SUFFIXES = (".md", ".png")
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -29,6 +35,32 @@ def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
         return tuple(float(v) for v in text.replace(" ", "").split(",") if v)
     except ValueError:
         raise DataError(f"--{what} must be comma-separated numbers like 0.485,0.456,0.406; got '{text}'") from None
+
+
+def _check_report_path(path: Path | None) -> None:
+    """Before calibrating: the --report extension is known (and matplotlib is there for .png)."""
+    if path is None:
+        return
+    if path.suffix.lower() not in REPORT_SUFFIXES:
+        raise ConfigError(f"--report '{path}': unknown extension '{path.suffix or '(none)'}'; use .md for a "
+                          "markdown table or .png for a plot")
+    if path.suffix.lower() == ".png":
+        from netquant.analysis import check_plot_target
+
+        check_plot_target(path)
+
+
+def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
+    """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot."""
+    from netquant.analysis import markdown_table
+    from netquant.export.atomic import write_text_atomic
+
+    if path.suffix.lower() == ".png":
+        qmodel.plot_report(path, title=title)
+        return path
+    text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
+            "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
+    return write_text_atomic(path, text, "per-layer report")
 
 
 @dataclass
@@ -100,6 +132,9 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write every tensor's quantization params as JSON.")
 @click.option("--trt-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write a TensorRT calibration cache.")
+@click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the per-layer error (SNR dB, cosine of every op output vs FP32, first calibration "
+                   "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]).")
 @click.option("--opset", type=int, default=None, help="Opset of the exported model (default: max(13, model's)).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (dynamic-shape models).")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (dynamic-shape models).")
@@ -114,8 +149,8 @@ def summary_table(f: RunFacts) -> Table:
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
-             strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, opset: int | None,
-             height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
+             strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
+             opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
              keep_aspect: bool, seed: int) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
@@ -125,6 +160,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     console = Console(stderr=True, quiet=quiet)
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
+    _check_report_path(report_path)
     inputs = model_inputs(model)
     opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
                         std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),
@@ -157,6 +193,10 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         extra.append(export_quant_params_json(qmodel.qgraph, json_path))
     if trt_cache is not None:
         extra.append(export_trt_calibration_cache(qmodel.qgraph, trt_cache))
+    if report_path is not None:
+        with console.status(f"writing per-layer report {report_path}"):
+            extra.append(write_layer_report(qmodel, report_path, f"per-layer quantization error: {model.name} on "
+                                                                 f"{platform.name}"))
     t_end = time.perf_counter()
     summary = qmodel.summary()
     facts = RunFacts(
