@@ -14,8 +14,8 @@ from types import ModuleType
 from typing import Any
 
 from netquant.analysis.layer_error import LayerError
+from netquant.atomic import atomic_path
 from netquant.errors import ConfigError, DataError
-from netquant.export.atomic import atomic_path
 
 DEFAULT_LABELLED = 5
 MAX_NAMED_TICKS = 60  # more ops than this: index ticks, only the worst ops are named

@@ -53,7 +53,7 @@ def _check_report_path(path: Path | None) -> None:
 def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
     """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot."""
     from netquant.analysis import markdown_table
-    from netquant.export.atomic import write_text_atomic
+    from netquant.atomic import write_text_atomic
 
     if path.suffix.lower() == ".png":
         qmodel.plot_report(path, title=title)

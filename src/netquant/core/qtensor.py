@@ -18,15 +18,14 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import fields
-from pathlib import Path
 from typing import Any
 
 import torch
 
+from netquant.atomic import write_bytes_atomic
 from netquant.core import ops
 from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.spec import Granularity, QuantFormat, QuantSpec, RoundingPolicy, ScaleConstraint
@@ -645,16 +644,7 @@ def save_safetensors(tensors: Mapping[str, QTensor | torch.Tensor], path: str | 
                 raise DataError(f"save_safetensors: tensor name {key!r} is used twice; rename {name!r}")
             flat[key] = value.detach().contiguous().clone()
     payload = save(flat, metadata=meta)
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(payload)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    write_bytes_atomic(path, payload, "safetensors file", DataError)
 
 
 def load_safetensors(path: str | os.PathLike[str], device: str = "cpu") -> dict[str, QTensor | torch.Tensor]:

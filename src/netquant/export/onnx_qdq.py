@@ -10,8 +10,8 @@ from typing import Any
 
 import onnx
 
+from netquant.atomic import atomic_path
 from netquant.errors import ExportError
-from netquant.export.atomic import atomic_path
 from netquant.export.configs import check_deployable, unwrap
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
 from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq

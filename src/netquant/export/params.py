@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from netquant.export.atomic import write_text_atomic
+from netquant.atomic import write_text_atomic
 from netquant.export.configs import emits, iter_slots, params_of, root, unwrap
 
 

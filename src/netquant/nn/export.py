@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import tempfile
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ import onnx
 import torch
 from torch import nn
 
+from netquant.atomic import atomic_path
 from netquant.errors import ExportError
 from netquant.nn import _qdq_op  # noqa: F401  (registers netquant::qdq)
 from netquant.nn.convert import name_quantizers, quant_modules, quantizers
@@ -147,15 +147,8 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
 
 
 def _write_atomically(proto: onnx.ModelProto, path: Path) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        onnx.save_model(proto, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path, "ONNX model") as tmp:
+        onnx.save_model(proto, str(tmp))
 
 
 __all__ = ["export_onnx"]
