@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from netquant import QTensor
 from netquant.core import choose_qparams, quantize
+from netquant.core.qparams import QParams
 from netquant.core.qtensor import load_safetensors, save_safetensors
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.errors import ConfigError, DataError
@@ -61,20 +62,46 @@ def test_quantize_per_tensor_matches_torch(qdtype: torch.dtype, seed: int) -> No
     assert qt.is_quantized and qt.dtype == ref.int_repr().dtype and qt.shape == ref.shape
     assert qt.q_scale() == ref.q_scale() and qt.q_zero_point() == ref.q_zero_point()
     ours, theirs = qt.int_repr(), ref.int_repr()
-    # torch rounds the float32 sum x*(1/s) + z (recomputed here to pin that down); netquant rounds
-    # x*(1/s) and adds z, which avoids that double rounding. Any difference is such a case, and rare.
+    if qdtype is not torch.qint32:  # 8-bit: torch's own rounding order, bit for bit
+        assert torch.equal(ours, theirs)
+        assert torch.equal(qt.dequantize(), ref.dequantize())
+        return
+    # qint32 keeps netquant's exact integer path: torch rounds the float32 sum x*(1/s) + z (pinned down
+    # here), netquant rounds x*(1/s) and adds z exactly. Any difference is such a double rounding.
     assert torch.equal(_torch_per_tensor_reference(x, float(scale), int(zp), qdtype), theirs.double())
     differ = ours != theirs
     exact = (torch.round(x * torch.reciprocal(scale)) + zp).double().clamp(*qt.qrange)
     assert torch.equal(ours.double()[differ], exact[differ])
     assert int(differ.sum()) <= max(1, x.numel() // 1000)
-    # dequantize is bit-exact where the integers agree
     assert torch.equal(qt.dequantize()[~differ], ref.dequantize()[~differ])
 
 
-def test_documented_difference_from_torch_per_tensor_is_only_double_rounding() -> None:
-    # float32 neighbours of a tie x/s = -2.5: torch rounds fl(x*(1/s) + 78), whose float32 sum
-    # collapses onto 75.5 for some of them; netquant rounds x*(1/s) first (ties to even) then adds z.
+def _tie_heavy(gen: torch.Generator, scale: torch.Tensor, n: int) -> torch.Tensor:
+    """Values on exact ties x/s = k + 0.5, their float32 neighbours, and ordinary values."""
+    k = torch.randint(-300, 300, scale.shape + (n,), generator=gen).float() + 0.5
+    ties = k * scale.unsqueeze(-1)
+    return torch.cat([ties, ties.nextafter(torch.tensor(1e9)), ties.nextafter(torch.tensor(-1e9)),
+                      torch.randn(scale.shape + (n,), generator=gen) * 3], dim=-1)
+
+
+@pytest.mark.parametrize("qdtype", [torch.quint8, torch.qint8])
+def test_torch_signature_constructors_reproduce_torch_on_ties(qdtype: torch.dtype) -> None:
+    """quantize_per_tensor / quantize_per_channel round x/s + z exactly as torch does, ties included."""
+    gen = torch.Generator().manual_seed(11)
+    for _ in range(20):
+        scale, zp = _rand_params(gen, qdtype)
+        x = _tie_heavy(gen, scale, 1024)
+        ref = torch.quantize_per_tensor(x, float(scale), int(zp), qdtype).int_repr()
+        assert torch.equal(QTensor.quantize_per_tensor(x, float(scale), int(zp), qdtype).int_repr(), ref)
+        scales, zps = _rand_params(gen, qdtype, 3)
+        xc = _tie_heavy(gen, scales, 512)
+        refc = torch.quantize_per_channel(xc, scales.double(), zps, 0, qdtype).int_repr()
+        assert torch.equal(QTensor.quantize_per_channel(xc, scales, zps, 0, qdtype).int_repr(), refc)
+
+
+def test_netquant_quantize_keeps_onnx_order_where_torch_differs() -> None:
+    # float32 neighbours of a tie x/s = -2.5 with z = 78: torch rounds fl(x*(1/s) + 78), netquant's
+    # quantize (and QTensor.quantize) round x*(1/s) first, then add z: ONNX QuantizeLinear's order.
     scale, zp = 0.1, 78
     x = torch.tensor(-0.25)
     below, above = [x], [x]
@@ -83,17 +110,15 @@ def test_documented_difference_from_torch_per_tensor_is_only_double_rounding() -
         above.append(torch.nextafter(above[-1], torch.tensor(1.0)))
     x = torch.stack(below[::-1] + above[1:])
     ref = torch.quantize_per_tensor(x, scale, zp, torch.quint8).int_repr()
-    ours = QTensor.quantize_per_tensor(x, scale, zp, torch.quint8).int_repr()
-    inv = torch.reciprocal(torch.tensor(scale))
-    t = x * inv
-    assert torch.equal(ours.double(), torch.round(t).double() + zp)
-    differ = ours != ref
+    assert torch.equal(QTensor.quantize_per_tensor(x, scale, zp, torch.quint8).int_repr(), ref)
+    spec = QuantSpec(bits=8, signed=False, symmetric=False)
+    onnx_order = QTensor.quantize(x, spec, QParams(torch.tensor(scale), torch.tensor(zp, dtype=torch.int32)))
+    t = x * torch.reciprocal(torch.tensor(scale))
+    assert torch.equal(onnx_order.int_repr().double(), torch.round(t).double() + zp)
+    differ = onnx_order.int_repr() != ref
     assert 0 < int(differ.sum()) < x.numel()
-    # only where the float32 sum lands on a tie although x*(1/s) is not one
-    total = t + zp
-    sum_is_tie = (total - total.floor()) == 0.5
-    t_is_tie = (t - t.floor()) == 0.5
-    assert bool((differ <= (sum_is_tie & ~t_is_tie)).all())
+    total = t + zp  # only where the float32 sum lands on a tie although x*(1/s) is not one
+    assert bool((differ <= (((total - total.floor()) == 0.5) & ((t - t.floor()) != 0.5))).all())
 
 
 def test_quantize_per_tensor_zero_zero_point_bit_exact() -> None:

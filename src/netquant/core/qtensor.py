@@ -8,7 +8,9 @@ transpose / permute, torch.save (weights_only=True) and safetensors, and convers
 from torch's own quantized tensors (quint8 <-> 8-bit unsigned, qint8 <-> 8-bit signed,
 qint32 <-> 32-bit signed specs).
 
-Quantizing uses netquant.core.ops.quantize: q = clamp(round(x * (1/s)) + z, qmin, qmax).
+Quantizing uses netquant.core.ops.quantize: q = clamp(round(x * (1/s)) + z, qmin, qmax), except
+the torch-signature constructors quantize_per_tensor / quantize_per_channel, which reproduce torch's
+own int_repr bit for bit (torch rounds x/s + z; see _quantize_torch_order).
 torch.quantize_per_tensor instead rounds the float32 sum x * (1/s) + z; the two differ only
 where that sum's float32 rounding lands on a tie (about 1 element in 10^5 when z != 0).
 """
@@ -55,6 +57,32 @@ def _torch_dtype_spec(qdtype: torch.dtype, per_channel_axis: int | None, symmetr
     return QuantSpec(bits=bits, signed=signed, symmetric=symmetric and signed, **gran)
 
 
+def _quantize_torch_order(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                          axis: int | None) -> torch.Tensor:
+    """int_repr exactly as torch.quantize_per_tensor / quantize_per_channel compute it (8-bit dtypes).
+
+    torch adds z before rounding: per tensor q = clamp(round(fma(x, 1/s, z)), qmin, qmax) (one float32
+    rounding of x*(1/s)+z, as its vectorized fbgemm kernel does); per channel
+    q = clamp(round(float32(x*(1/s)) + z), qmin, qmax). Half-even rounding, 1/s in float32. On exact ties
+    with z != 0 this differs from `ops.quantize` (ONNX QuantizeLinear semantics: round, then add z).
+    Non-finite values follow ops.quantize (+-Inf saturate, NaN -> qmin).
+    """
+    inv = torch.reciprocal(scale.to(torch.float32))
+    z = zero_point.to(torch.float32)
+    if axis is not None:
+        shape = [1] * x.dim()
+        shape[axis] = -1
+        inv, z = inv.reshape(shape), z.reshape(shape)
+        t = x.to(torch.float32) * inv + z
+    else:
+        t = (x.to(torch.float64) * inv.to(torch.float64) + z.to(torch.float64)).to(torch.float32)
+    q = torch.round(t).clamp_(spec.qmin, spec.qmax)
+    finite = torch.isfinite(x)
+    if not bool(finite.all()):
+        q = torch.where(finite, q, ops.quantize(x, scale, zero_point, spec).to(q.dtype))
+    return q.to(spec.storage_dtype)
+
+
 class QTensor:
     """Quantized tensor: storage q, scale s, zero point z (per-tensor or per-channel), spec.
 
@@ -80,12 +108,18 @@ class QTensor:
 
     @classmethod
     def _quantized(cls, x: torch.Tensor, scale: Any, zero_point: Any, spec: QuantSpec,
-                   axis: int | None = None) -> QTensor:
-        """Quantize float x with the given params (validated) into a new QTensor."""
+                   axis: int | None = None, torch_order: bool = False) -> QTensor:
+        """Quantize float x with the given params (validated) into a new QTensor.
+
+        torch_order: round x/s + z as torch's quantize_per_tensor / per_channel do (8-bit storage).
+        """
         out = cls.__new__(cls)
         out._init_format(spec, axis, x.dim())
         out._scale, out._zero_point = out._checked_params(scale, zero_point, x.shape, x.device)
-        out._data = out._quantize_values(x)
+        if torch_order and out._spec.bits == 8 and not out._spec.is_float:
+            out._data = _quantize_torch_order(x, out._scale, out._zero_point, out._spec, out._axis)
+        else:
+            out._data = out._quantize_values(x)
         return out
 
     def _init_format(self, spec: QuantSpec, axis: int | None, ndim: int) -> None:
@@ -181,7 +215,7 @@ class QTensor:
         qdtype = _as_torch_qdtype(dtype)
         spec = _torch_dtype_spec(qdtype, None, symmetric=False)
         x = _float_input(x, "QTensor.quantize_per_tensor")
-        return cls._quantized(x, scale, zero_point, spec)
+        return cls._quantized(x, scale, zero_point, spec, torch_order=True)
 
     @classmethod
     def quantize_per_channel(cls, x: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, axis: int,
@@ -193,7 +227,7 @@ class QTensor:
             raise DataError("cannot quantize a 0-d tensor per channel")
         axis %= x.dim()
         spec = _torch_dtype_spec(qdtype, axis, symmetric=False)
-        return cls._quantized(x, scales, zero_points, spec, axis=axis)
+        return cls._quantized(x, scales, zero_points, spec, axis=axis, torch_order=True)
 
     @classmethod
     def from_int(cls, data: torch.Tensor, scale: torch.Tensor | float, zero_point: torch.Tensor | int,
