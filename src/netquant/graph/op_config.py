@@ -2,11 +2,20 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from netquant.core.config import TensorQuantConfig
 from netquant.graph.ir import Node
+
+
+class TensorRole(enum.StrEnum):
+    """What an op input is to the quantizer."""
+
+    ACTIVATION = "activation"
+    WEIGHT = "weight"
+    BIAS = "bias"
 
 
 @dataclass
@@ -16,8 +25,8 @@ class OpQuantConfig:
     op: Node
     inputs: list[TensorQuantConfig | None]
     outputs: list[TensorQuantConfig | None]
-    # roles of the inputs the quantizer recognised (index -> "activation" | "weight" | "bias")
-    roles: dict[int, str] = field(default_factory=dict)
+    # roles of the inputs the quantizer recognised (input index -> role)
+    roles: dict[int, TensorRole] = field(default_factory=dict)
 
     @property
     def is_quantized(self) -> bool:
@@ -29,7 +38,13 @@ class OpQuantConfig:
         yield from (c for c in [*self.inputs, *self.outputs] if c is not None)
 
     def weight_config(self) -> TensorQuantConfig | None:
-        return next((self.inputs[i] for i, r in self.roles.items() if r == "weight"), None)
+        i = self.input_index(TensorRole.WEIGHT)
+        return None if i is None else self.inputs[i]
 
     def bias_config(self) -> TensorQuantConfig | None:
-        return next((self.inputs[i] for i, r in self.roles.items() if r == "bias"), None)
+        i = self.input_index(TensorRole.BIAS)
+        return None if i is None else self.inputs[i]
+
+    def input_index(self, role: TensorRole) -> int | None:
+        """Index of the first input with this role, or None."""
+        return next((i for i, r in self.roles.items() if r == role), None)

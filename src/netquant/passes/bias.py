@@ -26,8 +26,9 @@ import torch
 from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.qparams import QParams, pow2_ceil
 from netquant.core.spec import QuantSpec, ScaleConstraint
+from netquant.graph.op_config import OpQuantConfig, TensorRole
 from netquant.passes.pipeline import PassContext
-from netquant.passes.quant_graph import OpQuantConfig, emits
+from netquant.passes.quant_graph import emits
 from netquant.passes.quantizer import GraphIndex
 
 
@@ -113,14 +114,14 @@ class BiasPass:
         index = GraphIndex(qgraph.graph)
         pending: list[tuple[OpQuantConfig, TensorQuantConfig, TensorQuantConfig, TensorQuantConfig]] = []
         for oc in qgraph.op_configs.values():
-            bias_idx = next((i for i, r in oc.roles.items() if r == "bias"), None)
+            bias_idx = oc.input_index(TensorRole.BIAS)
             if bias_idx is None:
                 continue
             b_cfg = oc.inputs[bias_idx]
             if b_cfg is None or b_cfg.state is not QuantState.PASSIVE_INIT:
                 continue
             w_cfg = oc.weight_config()
-            a_idx = next((i for i, r in oc.roles.items() if r == "activation"), None)
+            a_idx = oc.input_index(TensorRole.ACTIVATION)
             a_cfg = oc.inputs[a_idx] if a_idx is not None else None
             if a_cfg is None or not a_cfg.is_active or a_cfg.effective_params is None or not emits(w_cfg):
                 b_cfg.state = QuantState.FP32  # an unquantized input or weight: bias stays float

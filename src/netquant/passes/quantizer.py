@@ -27,6 +27,7 @@ from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.spec import Granularity, QuantSpec
 from netquant.errors import UnsupportedOpError
 from netquant.graph import Graph, Node
+from netquant.graph.op_config import TensorRole
 from netquant.passes.overrides import Override, matching
 from netquant.passes.quant_graph import OpQuantConfig, QuantizedGraph
 from netquant.platforms.platform import OpRole, OpRule, OutputPolicy, Platform
@@ -276,7 +277,7 @@ class Quantizer:
                 tail = tail_of[head_name]
                 inputs: list[TensorQuantConfig | None] = [fp32(i) for i in node.inputs]
                 outputs: list[TensorQuantConfig | None] = [fp32(o) for o in node.outputs]
-                roles = {}
+                roles: dict[int, TensorRole] = {}
                 if node is tail and output_quantized(head, head_rule, node.outputs[0]):
                     outputs[0] = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=node.outputs[0])
                     out_cfg[node.outputs[0]] = outputs[0]
@@ -288,7 +289,7 @@ class Quantizer:
             w_idx = weights.get(node.name)
             acts = [i for i in self._act_inputs(node, rule) if i != w_idx]
             inputs = []
-            roles = {}
+            roles: dict[int, TensorRole] = {}
             w_cfg: TensorQuantConfig | None = None
             for i, name in enumerate(node.inputs):
                 if not name:
@@ -301,7 +302,7 @@ class Quantizer:
                         spec = _with_axis(w_override, spec, rank)
                     w_cfg = TensorQuantConfig(spec, QuantState.INITIAL, p.weight_observer, name=name)
                     inputs.append(w_cfg)
-                    roles[i] = "weight"
+                    roles[i] = TensorRole.WEIGHT
                 elif i == rule.bias_input and w_idx is not None and index.constant(name) is not None:
                     if p.bias is not None and index.is_float(name) and w_cfg is not None:
                         b_spec = p.bias
@@ -310,14 +311,14 @@ class Quantizer:
                         inputs.append(TensorQuantConfig(b_spec, QuantState.PASSIVE_INIT, "none", name=name))
                     else:
                         inputs.append(fp32(name))
-                    roles[i] = "bias"
+                    roles[i] = TensorRole.BIAS
                 elif i in acts and index.is_float(name):
                     if index.constant(name) is not None:
                         cfg = TensorQuantConfig(act_spec, QuantState.INITIAL, "minmax", name=name)
                     else:
                         cfg = activation_input(name, act_spec, observer)
                     inputs.append(cfg)
-                    roles[i] = "activation"
+                    roles[i] = TensorRole.ACTIVATION
                 else:
                     inputs.append(fp32(name))
 
@@ -377,7 +378,7 @@ class Quantizer:
                 continue
             for i, cfg in enumerate(oc.inputs):
                 name = node.inputs[i] if i < len(node.inputs) else ""
-                if cfg is None or not name or oc.roles.get(i) != "activation":
+                if cfg is None or not name or oc.roles.get(i) is not TensorRole.ACTIVATION:
                     continue
                 producer_cfg = out_cfg.get(name)
                 if producer_cfg is not None and cfg.state is not QuantState.OVERLAPPED:
