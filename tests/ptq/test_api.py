@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_quantizer_helpers import calib_batches, conv_relu_gemm, residual_concat  # noqa: E402
 
 import netquant  # noqa: E402
-from netquant.api import QuantizedModel, quantize_onnx, quantize_torch  # noqa: E402
+from netquant.api import ExportKind, QuantizedModel, quantize_onnx, quantize_torch  # noqa: E402
 from netquant.errors import ConfigError, ModelError  # noqa: E402
 
 
@@ -74,7 +74,9 @@ def test_export_runs_in_onnxruntime_and_agrees(tmp_path):
     assert _cos(y_ort, y_fq) >= 0.999
     qm.export(tmp_path / "q.json", format="json")
     assert (tmp_path / "q.json").read_text().startswith("{")
-    with pytest.raises(ConfigError, match="unknown export format 'tflite'"):
+    qm.export(tmp_path / "q.cache", format=ExportKind.TENSORRT_CACHE)
+    assert (tmp_path / "q.cache").read_text().startswith("TRT-")
+    with pytest.raises(ConfigError, match="unknown export format 'tflite'; choose one of qdq, json, tensorrt_cache"):
         qm.export(tmp_path / "q.tflite", format="tflite")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,13 @@ from netquant.errors import ConfigError
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
 
-EXPORT_FORMATS = ("qdq", "json", "tensorrt_cache")
+
+class ExportKind(enum.StrEnum):
+    """Which file QuantizedModel.export writes (the platform decides the QDQ flavour)."""
+
+    QDQ = "qdq"  # ONNX QuantizeLinear / DequantizeLinear model
+    JSON = "json"  # every tensor's quantization params
+    TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
 
 
 class QuantizedModel:
@@ -134,17 +141,18 @@ class QuantizedModel:
         return errors
 
     # ---- export ----------------------------------------------------------------------------
-    def export(self, path: str | Path, format: str = "qdq", **kwargs: Any) -> Any:
-        """Write the model: 'qdq' (ONNX QDQ), 'json' (quant params), 'tensorrt_cache' (calib cache)."""
+    def export(self, path: str | Path, format: ExportKind | str = ExportKind.QDQ, **kwargs: Any) -> Any:
+        """Write the model: ONNX QDQ, quant-params JSON or TensorRT calibration cache (ExportKind)."""
         from netquant import export
 
-        if format == "qdq":
-            return export.export_qdq(self.qgraph, path, **kwargs)
-        if format == "json":
-            return export.export_quant_params_json(self.qgraph, path, **kwargs)
-        if format == "tensorrt_cache":
-            return export.export_tensorrt_calib_cache(self.qgraph, path, **kwargs)
-        raise ConfigError(f"unknown export format '{format}'; choose one of {', '.join(EXPORT_FORMATS)}")
+        try:
+            fmt = ExportKind(format)
+        except ValueError:
+            raise ConfigError(f"unknown export format '{format}'; choose one of "
+                              f"{', '.join(f.value for f in ExportKind)}") from None
+        writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
+                  ExportKind.TENSORRT_CACHE: export.export_tensorrt_calib_cache}[fmt]
+        return writer(self.qgraph, path, **kwargs)
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "
