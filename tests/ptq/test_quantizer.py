@@ -69,7 +69,8 @@ def test_per_channel_weight_scales_are_minmax_per_output_channel():
 
 def test_activation_params_match_torch_minmax_observer():
     batches = calib_batches((2, 3, 8, 8), 3)
-    qm = netquant.quantize_onnx(conv_relu_gemm(), batches, platform=ORT, quiet=True, activation_observer="minmax")
+    qm = netquant.quantize_onnx(conv_relu_gemm(), batches, platform=ORT, quiet=True, activation_observer="minmax",
+                                range_bits=None)
     obs = torch.ao.quantization.MinMaxObserver(dtype=torch.quint8, qscheme=torch.per_tensor_affine)
     for b in batches:
         obs(torch.from_numpy(b))

@@ -22,6 +22,9 @@ class QuantSettings:
     force_fp32: op selectors ('Conv', 'name:conv1', 'glob:*head*', 're:^blocks\\.1') left in float.
     overrides: Override objects changing specs of selected ops.
     strict: an op the platform would quantize but cannot stays FP32 with a warning; strict raises.
+    range_bits: significant bits kept of each calibrated activation range end, rounded outward
+        (passes.calibration.round_range_outward); makes scales immune to float summation-order noise
+        (torch thread count).  None = the observer's exact range.
     """
 
     platform: Platform
@@ -41,6 +44,7 @@ class QuantSettings:
     fold_batchnorm: bool = True
     simplify: bool = True  # exact rewrites: Conv->Mul/Add folding, decomposed hard-swish -> HardSigmoid*x
     device: str = "cpu"
+    range_bits: int | None = 8
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
@@ -63,6 +67,8 @@ class QuantSettings:
             self.quiet = True
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
+        if self.range_bits is not None and (not isinstance(self.range_bits, int) or not 2 <= self.range_bits <= 52):
+            raise ConfigError(f"range_bits must be None or an int in [2, 52], got {self.range_bits!r}")
         if self.max_calib_batches is not None and self.max_calib_batches < 1:
             raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
         from netquant.passes.observers import observer_names

@@ -74,7 +74,10 @@ ONNXRUNTIME_INT8 = Platform(
         OpRule("Concat", OpRole.ARITHMETIC, None, requires_quantized_input=True),
     ),
     fusions=(("Conv", "Relu"), ("Conv", "Clip")),
-    activation_observer="mse",
+    # min/max activation ranges (ORT quantize_static's default too): on PP-OCRv4 rec, MSE-clipped ranges
+    # swing the accuracy by up to 6 points under ~5% range changes (97.75% -> 91.5% exact lines), min/max
+    # gives 98.75% (FP32 98.50%) and the classifier 100% (MSE 99.75%), both at 1 and 2 torch threads.
+    activation_observer="minmax",
     weight_observer="minmax",
     export_format=ExportFormat.ONNX_QDQ,
     min_opset=13,

@@ -1,0 +1,79 @@
+"""Calibrated activation ranges rounded outward to `range_bits` significant bits (thread-count independence)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from test_quantizer_helpers import calib_batches, conv_relu_gemm  # noqa: E402
+
+import netquant  # noqa: E402
+from netquant.errors import ConfigError  # noqa: E402
+from netquant.passes.calibration import round_range_outward  # noqa: E402
+
+ORT = "onnxruntime_int8"
+
+
+def test_round_range_outward_hand_checked():
+    # 3.14159 = 0.785 * 2^2 -> ceil(0.785 * 256) / 256 * 4 = 202 / 64 = 3.15625; -0.2785 = -0.557 * 2^-1 ->
+    # -ceil(0.557 * 256) / 512 = -143 / 512; exact powers of two, zeros and 8-bit mantissas stay put
+    lo, hi = round_range_outward(torch.tensor([-0.2785, 0.0, -1.0, -0.75]), torch.tensor([3.14159, 0.0, 1.0, 6.0]))
+    assert lo.tolist() == [-143 / 512, 0.0, -1.0, -0.75]
+    assert hi.tolist() == [202 / 64, 0.0, 1.0, 6.0]
+    lo4, hi4 = round_range_outward(torch.tensor([-0.3]), torch.tensor([0.3]), bits=4)
+    assert lo4.tolist() == [-10 / 32] and hi4.tolist() == [10 / 32]  # 0.3 = 0.6 * 2^-1 -> ceil(9.6) / 16 / 2
+
+
+def test_rounded_range_never_shrinks_and_stays_within_one_part_in_2_to_the_bits():
+    v = torch.from_numpy(np.random.default_rng(0).standard_normal(10_000).astype(np.float32)) * 100
+    lo, hi = round_range_outward(-v.abs(), v.abs())
+    assert bool((hi >= v.abs()).all()) and bool((lo <= -v.abs()).all())
+    assert float(((hi - v.abs()) / v.abs()).max()) <= 2.0 ** -7
+
+
+def _activation_scales(qm) -> list[float]:
+    return [float(s) for cfg in qm.qgraph.op_configs.values() for c in cfg.inputs + cfg.outputs
+            if c is not None and c.params is not None and c.params.scale.numel() == 1
+            for s in [c.params.scale]]
+
+
+@pytest.mark.parametrize("observer", ["minmax", "mse"])
+def test_summation_order_noise_does_not_reach_the_scales(observer):
+    # inputs perturbed by 1e-6 relative, the size of a change of torch's thread count in a conv's sums
+    batches = calib_batches((2, 3, 8, 8), 3, seed=4)
+    rng = np.random.default_rng(1)
+    noisy = [(b * (1 + 1e-6 * rng.standard_normal(b.shape))).astype(np.float32) for b in batches]
+    kw = {"platform": ORT, "quiet": True, "activation_observer": observer}
+    a = _activation_scales(netquant.quantize_onnx(conv_relu_gemm(), batches, **kw))
+    b = _activation_scales(netquant.quantize_onnx(conv_relu_gemm(), noisy, **kw))
+    assert a == b
+    raw_a = _activation_scales(netquant.quantize_onnx(conv_relu_gemm(), batches, range_bits=None, **kw))
+    raw_b = _activation_scales(netquant.quantize_onnx(conv_relu_gemm(), noisy, range_bits=None, **kw))
+    assert raw_a != raw_b  # without rounding the noise shows
+
+
+def test_default_params_are_torch_minmax_of_the_rounded_range():
+    batches = calib_batches((2, 3, 8, 8), 3)
+    qm = netquant.quantize_onnx(conv_relu_gemm(), batches, platform=ORT, quiet=True, activation_observer="minmax")
+    obs = torch.ao.quantization.MinMaxObserver(dtype=torch.quint8, qscheme=torch.per_tensor_affine)
+    for b in batches:
+        obs(torch.from_numpy(b))
+    lo, hi = round_range_outward(obs.min_val.reshape(1), obs.max_val.reshape(1))
+    obs.min_val, obs.max_val = lo[0], hi[0]
+    scale, zp = obs.calculate_qparams()
+    p = qm.qgraph.op_configs["conv"].inputs[0].params
+    torch.testing.assert_close(p.scale.reshape(1), scale.float(), rtol=1e-6, atol=0)
+    assert int(p.zero_point) == int(zp)
+
+
+@pytest.mark.parametrize("bad", [0, 1, 53, 2.5, "8"])
+def test_bad_range_bits_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="range_bits"):
+        netquant.quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 1), platform=ORT, quiet=True,
+                               range_bits=bad)
