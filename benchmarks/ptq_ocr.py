@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import torch
 from onnxruntime.quantization import (
     CalibrationDataReader,
     CalibrationMethod,
@@ -290,7 +291,10 @@ def main() -> None:
         "# PTQ of PP-OCRv4 (rapidocr-onnxruntime 1.4.4): netquant vs onnxruntime quantize_static",
         "",
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), "
-        f"onnxruntime {ort.__version__}, onnx {onnx.__version__}. Calibration: {args.calib} rendered lines "
+        f"onnxruntime {ort.__version__}, onnx {onnx.__version__}. Threads: torch {torch.get_num_threads()} "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; netquant's calibration runs in torch), "
+        f"onnxruntime {os.cpu_count() or 1} intra-op for accuracy and ORT calibration, 1 for latency. "
+        f"Calibration: {args.calib} rendered lines "
         f"(seed {CALIB_SEED}); evaluation: {args.eval} other lines (seed {EVAL_SEED}); classifier: the same "
         "lines, every other one rotated 180 degrees. INT8 numbers come from running the exported file in "
         "onnxruntime (CPU EP). Peer recipe: quant_pre_process, then quantize_static(QDQ, per_channel=True, "
