@@ -117,8 +117,9 @@ def run_all_cases(supported: set[str] | None = None, pattern: str | None = None)
     from netquant.graph import supported_ops
 
     if supported is None:
-        supported = set(supported_ops()) | {f"{d}:{t}" for d in ("ai.onnx.ml", "com.microsoft")
-                                           for t in supported_ops(d)}
+        supported = set(supported_ops()) | {
+            f"{d}:{t}" for d in ("ai.onnx.ml", "com.microsoft", "ai.onnx.preview", "ai.onnx.preview.training")
+            for t in supported_ops(d)}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         cases = [c for c in collect_testcases() if c.kind == "node"]
