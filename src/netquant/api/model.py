@@ -112,11 +112,17 @@ class QuantizedModel:
     # ---- analysis --------------------------------------------------------------------------
     def layer_report(self, data: Iterable[Any] | None = None, max_batches: int = 1,
                      ops: Sequence[str] | None = None) -> list[LayerError]:
-        """Per-op SNR / cosine between FP32 and fake-quant (default: the first calibration batch)."""
+        """Per-op SNR / cosine between FP32 and fake-quant over the first `max_batches` batches.
+
+        data: anything quantize_onnx accepts as calibration data (an array, a dict of arrays, an iterable
+        of batches), validated against the model's inputs; default: the kept calibration data.
+        """
         if data is None:
             if self._calib_data is None:
                 raise ConfigError("layer_report needs data (no calibration data kept)")
             data = self._calib_data
+        elif not isinstance(data, CalibrationData):
+            data = CalibrationData(self.qgraph.graph, data, max_batches=max_batches)
         batches = []
         for i, b in enumerate(data):
             if i >= max_batches:
