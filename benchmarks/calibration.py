@@ -21,7 +21,6 @@ import argparse
 import os
 import platform
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ sys.path.insert(0, str(ROOT / "tests" / "calib"))
 
 import trt_reference  # noqa: E402  (the loop-based peer lives with the tests that check it)
 
+from netquant.atomic import write_text_atomic  # noqa: E402
 from netquant.calib import make_observer  # noqa: E402
 from netquant.calib.search import entropy_threshold_bin  # noqa: E402
 from netquant.core.spec import QuantSpec  # noqa: E402
@@ -184,19 +184,6 @@ def run(batches: int, batch_size: int, seed: int, quiet: bool) -> str:
     return "\n".join(lines)
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batches", type=int, default=200)
@@ -208,7 +195,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     text = run(args.batches, args.batch_size, args.seed, args.quiet)
-    write_atomic(args.out, text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, text)
     print(text)
 
 

@@ -33,6 +33,7 @@ import torch
 from rich.console import Console
 
 from netquant.api.zoo import light_model_path, ppocr_model_path
+from netquant.atomic import write_text_atomic
 from netquant.graph import Executor, Graph, load_onnx, to_onnx
 from netquant.graph.edit import cleanup, fold_batchnorm, fold_conv_affine
 
@@ -201,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                                   for e in ENGINES) + " |")
     text = "\n".join(lines) + "\n"
     OUT.parent.mkdir(parents=True, exist_ok=True)
-    tmp = OUT.with_name(f".{OUT.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, OUT)
+    write_text_atomic(OUT, text)
     print(text)
     return 0
 

@@ -15,7 +15,6 @@ import argparse
 import os
 import platform
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,6 +24,7 @@ import torch
 from rich.progress import Progress
 
 import netquant.core.ops as ops
+from netquant.atomic import write_text_atomic
 from netquant.core import GradMode, Granularity, QuantSpec, RoundingPolicy, fake_quantize
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fake_quant.md"
@@ -155,18 +155,6 @@ def render(rows: list[tuple[Case, float, float]], numel: int, threads: int, repe
     return "\n".join(lines) + "\n"
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--numel", type=int, default=16 * 2**20)
@@ -186,7 +174,8 @@ def main() -> None:
             rows.append((case, ours, ref))
             progress.advance(task)
     text = render(rows, args.numel, args.threads, args.repeats)
-    write_atomic(args.out, text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, text)
     print(text, end="")
 
 

@@ -9,7 +9,6 @@ onnx package) through netquant.graph.backend and writes benchmarks/results/onnx_
 from __future__ import annotations
 
 import argparse
-import os
 import platform
 import sys
 import time
@@ -20,17 +19,11 @@ import onnx
 import torch
 from rich.console import Console
 
+from netquant.atomic import write_text_atomic
 from netquant.graph import supported_ops
 from netquant.graph.backend_cases import SKIP_REASONS, STRING_REASON, Status, per_op_table, run_all_cases
 
 OUT = Path(__file__).parent / "results" / "onnx_backend_ops.md"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def render(results, seconds: float) -> str:
@@ -91,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         results = run_all_cases()
     seconds = time.perf_counter() - start
     text = render(results, seconds)
-    write_atomic(args.out, text)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(args.out, text)
     totals = Counter(r.status.value for r in results)
     if args.quiet:
         print(f"passed {totals['passed']} failed {totals['failed']} skipped {totals['skipped']} -> {args.out}")

@@ -36,6 +36,7 @@ from onnxruntime.quantization import (
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from netquant.api import zoo
+from netquant.atomic import write_text_atomic
 from netquant.data.ocr import (
     cls_accuracy,
     cls_batch,
@@ -315,7 +316,7 @@ def main() -> None:
         lines += [f"- {k}" for k in kernels_notes]
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text)
+    write_text_atomic(RESULTS, text)
     print(text)
 
 

@@ -31,6 +31,7 @@ from rich.progress import Progress
 from torch import nn
 
 import netquant.nn as nqnn
+from netquant.atomic import write_text_atomic
 from netquant.core.ops import GradMode
 
 RESULTS = Path(__file__).parent / "results" / "qat_digits.md"
@@ -253,9 +254,7 @@ def main() -> None:
             rows.append(run_seed(seed, args.qat_epochs, progress, args.threads))
     text = report(rows, args.seeds, args.qat_epochs, time.perf_counter() - start)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_suffix(".md.tmp")
-    tmp.write_text(text)
-    tmp.replace(args.out)
+    write_text_atomic(args.out, text)
     console.print(text, markup=False, highlight=False)
 
 
