@@ -81,16 +81,22 @@ def _set_submodule(model: nn.Module, name: str, new: nn.Module) -> None:
     setattr(parent, child, new)
 
 
+def _conv_bn_pairs(model: nn.Module) -> list[tuple[str, str]]:
+    """(conv, bn) submodule names where the BN directly follows the conv: torch.fx tracing, or
+    adjacency inside nn.Sequential when the model cannot be traced."""
+    try:
+        return _conv_bn_pairs_fx(model)
+    except Exception:  # untraceable control flow: fall back to Sequential adjacency
+        return _conv_bn_pairs_sequential(model)
+
+
 def fold_batchnorm(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     """Fold every BatchNorm that directly follows a Conv*d / Linear (found by torch.fx tracing, or
     by adjacency inside nn.Sequential when the model cannot be traced); the BN becomes Identity.
     Do this before quantize_model / QAT.  Uses the BN's running statistics (eval behaviour)."""
     if not inplace:
         model = copy.deepcopy(model)
-    try:
-        pairs = _conv_bn_pairs_fx(model)
-    except Exception:  # untraceable control flow: fall back to Sequential adjacency
-        pairs = _conv_bn_pairs_sequential(model)
+    pairs = _conv_bn_pairs(model)
     for conv_name, bn_name in pairs:
         _fold_into(model.get_submodule(conv_name), model.get_submodule(bn_name))
         _set_submodule(model, bn_name, nn.Identity())
@@ -102,10 +108,7 @@ def fuse_conv_bn(model: nn.Module, *, inplace: bool = False) -> nn.Module:
     quantize_model makes QuantConvBn*d: QAT with BN statistics, BN folded into the quantized weight."""
     if not inplace:
         model = copy.deepcopy(model)
-    try:
-        pairs = _conv_bn_pairs_fx(model)
-    except Exception:  # untraceable control flow: fall back to Sequential adjacency
-        pairs = _conv_bn_pairs_sequential(model)
+    pairs = _conv_bn_pairs(model)
     for conv_name, bn_name in pairs:
         conv, bn = model.get_submodule(conv_name), model.get_submodule(bn_name)
         if type(conv) not in CONV_BN_TYPES:
