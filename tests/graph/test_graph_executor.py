@@ -300,7 +300,9 @@ def test_inplace_never_overwrites_aliases_or_user_inputs() -> None:
     assert torch.equal(out["c"], relu + 1) and torch.equal(out["x2"], x_before)
 
 
-def test_inplace_path_is_taken_and_bit_identical(monkeypatch) -> None:
+@pytest.fixture
+def inplace_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Op types for which the executor's in-place fast path produced the result, in call order."""
     from netquant.graph import fastpath
 
     calls: list[str] = []
@@ -311,6 +313,11 @@ def test_inplace_path_is_taken_and_bit_identical(monkeypatch) -> None:
                 calls.append(_op)
             return out
         monkeypatch.setitem(fastpath.INPLACE, op, counting)
+    return calls
+
+
+def test_inplace_path_is_taken_and_bit_identical(inplace_calls: list[str]) -> None:
+    calls = inplace_calls
     graph = load_onnx(ppocr_model_path("cls"))
     x = ppocr_input("cls")
     fast = Executor(graph).run([x])
@@ -371,17 +378,8 @@ def to_onnx_functions(graph):
     return to_onnx(graph).functions
 
 
-def test_inplace_with_observing_hooks_keeps_hook_lists_intact(monkeypatch) -> None:
-    from netquant.graph import fastpath
-
-    calls: list[str] = []
-    for op, fn in list(fastpath.INPLACE.items()):
-        def counting(inputs, attrs, opset, idx, _fn=fn, _op=op):
-            out = _fn(inputs, attrs, opset, idx)
-            if out is not None:
-                calls.append(_op)
-            return out
-        monkeypatch.setitem(fastpath.INPLACE, op, counting)
+def test_inplace_with_observing_hooks_keeps_hook_lists_intact(inplace_calls: list[str]) -> None:
+    calls = inplace_calls
     graph = load_onnx(ppocr_model_path("cls"))
     x = ppocr_input("cls")
     ex = Executor(graph)

@@ -38,7 +38,7 @@ _NUMPY_NATIVE = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.in
                                        np.int64, np.uint8, np.uint16, np.uint32, np.uint64, np.bool_,
                                        np.complex64, np.complex128)}
 # ml_dtypes names -> (bit-view numpy dtype, torch dtype) for byte-sized exotic floats
-_BITCAST = {
+BITCAST_DTYPES = {
     "bfloat16": (np.uint16, torch.bfloat16),
     "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
     "float8_e4m3fnuz": (np.uint8, torch.float8_e4m3fnuz),
@@ -74,8 +74,8 @@ def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
     if arr.dtype in _NUMPY_NATIVE:
         return torch.from_numpy(np.array(arr, order="C", copy=True))
     name = arr.dtype.name
-    if name in _BITCAST:
-        view, dtype = _BITCAST[name]
+    if name in BITCAST_DTYPES:
+        view, dtype = BITCAST_DTYPES[name]
         return torch.from_numpy(np.array(arr, order="C", copy=True).view(view)).view(dtype)
     if name in ("int4", "int2"):
         return torch.from_numpy(arr.astype(np.int8))
@@ -89,7 +89,7 @@ def numpy_to_torch(array: np.ndarray) -> torch.Tensor:
 def torch_to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """torch -> numpy; bfloat16 / float8 become ml_dtypes arrays (same bits)."""
     t = tensor.detach().cpu().contiguous()
-    for name, (view, dtype) in _BITCAST.items():
+    for name, (view, dtype) in BITCAST_DTYPES.items():
         if t.dtype == dtype:
             import ml_dtypes
 

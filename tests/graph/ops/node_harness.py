@@ -9,17 +9,10 @@ from onnx import helper, numpy_helper
 
 import netquant.graph.ops  # noqa: F401  (registers the ops)
 from netquant.errors import UnsupportedOpError
+from netquant.graph.dtypes import BITCAST_DTYPES
 from netquant.graph.ops.registry import OpContext, lookup_op
 
-_ML_DTYPES = {  # numpy (ml_dtypes) dtype name -> (bit view, torch dtype)
-    "bfloat16": (np.uint16, torch.bfloat16),
-    "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn),
-    "float8_e4m3fnuz": (np.uint8, torch.float8_e4m3fnuz),
-    "float8_e5m2": (np.uint8, torch.float8_e5m2),
-    "float8_e5m2fnuz": (np.uint8, torch.float8_e5m2fnuz),
-    "float8_e8m0fnu": (np.uint8, torch.float8_e8m0fnu),
-}
-
+_ML_DTYPES = BITCAST_DTYPES  # numpy (ml_dtypes) dtype name -> (bit view, torch dtype)
 
 _STAND_IN = {"int4": np.int8, "int2": np.int8, "uint4": np.uint8, "uint2": np.uint8, "float4_e2m1fn": np.float32}
 
