@@ -166,7 +166,7 @@ def test_failed_validation_leaves_no_file_and_keeps_an_existing_one(tmp_path: Pa
     qm = _quantize(conv_net(), images(16))
     path = tmp_path / "model.onnx"
     with pytest.raises(ExportError, match="disagrees"):
-        export_qdq(qm.qgraph, path, min_cosine=1.5)  # impossible agreement: validation fails
+        export_qdq(qm.qgraph, path, min_cosine=1.5, max_error_ratio=None)  # impossible agreement: fails
     assert list(tmp_path.iterdir()) == []
     path.write_bytes(b"previous")
     with pytest.raises(ExportError):
@@ -274,8 +274,8 @@ def test_export_is_deterministic(tmp_path: Path) -> None:
 
 def test_dynamic_model_without_a_sample_asks_for_one(cls_export, tmp_path: Path) -> None:
     qm, _, _, test = cls_export
-    kept = qm.qgraph.sample_inputs
-    qm.qgraph.sample_inputs = None
+    kept, kept_batches = qm.qgraph.sample_inputs, qm.qgraph.validation_batches
+    qm.qgraph.sample_inputs, qm.qgraph.validation_batches = None, []
     try:
         with pytest.raises(ExportError, match=r"input 'x'.*pass sample="):
             export_qdq(qm.qgraph, tmp_path / "m.onnx")
@@ -283,7 +283,7 @@ def test_dynamic_model_without_a_sample_asks_for_one(cls_export, tmp_path: Path)
         report = export_qdq(qm.qgraph, tmp_path / "m.onnx", sample={"x": test[:4]}, check_kernels=False)
         assert report.validated and (tmp_path / "m.onnx").exists()
     finally:
-        qm.qgraph.sample_inputs = kept
+        qm.qgraph.sample_inputs, qm.qgraph.validation_batches = kept, kept_batches
 
 
 def test_model_with_newest_ir_version_exports_a_model_onnxruntime_loads(tmp_path: Path) -> None:

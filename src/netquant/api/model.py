@@ -19,6 +19,7 @@ from netquant.analysis import (
     snr_db,
     worst,
 )
+from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
@@ -71,9 +72,15 @@ class QuantizedModel:
                 "warnings": list(self.warnings)}
 
     # ---- running ---------------------------------------------------------------------------
-    def run(self, inputs: Any, fake_quant: bool = True) -> dict[str, torch.Tensor]:
-        """Outputs of the fake-quantized model (fake_quant=False: the cleaned-up FP32 model)."""
-        return self.qgraph.run(inputs, fake_quant=fake_quant)
+    def run(self, inputs: Any, fake_quant: bool = True,
+            accumulation: Accumulation | str = Accumulation.EXACT) -> dict[str, torch.Tensor]:
+        """Outputs of the fake-quantized model (fake_quant=False: the cleaned-up FP32 model).
+
+        accumulation: how the int8 kernels sum u8 x s8 products: 'exact' (VNNI, ARM64, the ONNX semantics) or
+        'pairwise_int16' (onnxruntime on x86 without VNNI); netquant.platforms.targets.host_accumulation()
+        is this machine's.
+        """
+        return self.qgraph.run(inputs, fake_quant=fake_quant, accumulation=Accumulation(accumulation))
 
     def __call__(self, inputs: Any) -> dict[str, torch.Tensor]:
         return self.run(inputs)

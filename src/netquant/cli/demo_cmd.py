@@ -33,6 +33,7 @@ def demo(platform_name: str, calib_lines: int, eval_lines: int, output_dir: Path
     from netquant.data.ocr import latency_ms, rec_batch, rec_score
     from netquant.data.text_render import make_text_lines
     from netquant.export import export_qdq
+    from netquant.platforms.targets import host_info, kernel_family
 
     console = Console(stderr=True, quiet=quiet)
     with console.status("fetching the PP-OCRv4 recognizer (rapidocr-onnxruntime 1.4.4 wheel)"):
@@ -49,7 +50,7 @@ def demo(platform_name: str, calib_lines: int, eval_lines: int, output_dir: Path
         t = time.perf_counter()
         qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(fp32), {"x": calib}, platform=platform_name,
                                             batch_size=8, quiet=quiet)
-        report = export_qdq(qmodel.qgraph, out, sample={"x": calib[:8]})
+        report = export_qdq(qmodel.qgraph, out)  # validated on the first calibration batches
         seconds = time.perf_counter() - t
         for w in messages:
             warn(console, w)
@@ -65,6 +66,11 @@ def demo(platform_name: str, calib_lines: int, eval_lines: int, output_dir: Path
                       f"{out.stat().st_size / 1e6:.2f}")
         Console().print(table)
         kernels = ", ".join(f"{k} x{v}" for k, v in (report.int8_kernels or {}).items()) or "none"
+        host = host_info(ort_threads=1)
+        Console().print(f"measured on {host.cpu.describe()}; int8 kernels here: "
+                        f"{kernel_family(host.accumulation, host.cpu)}; the file's CPU target: "
+                        f"{report.cpu_target or 'n/a'} ({qmodel.platform.weight_scheme.value if qmodel.platform.weight_scheme else 'platform'} weights)",
+                        highlight=False, soft_wrap=True)
         Console().print(f"INT8 vs FP32: {100 * (s8.line_acc - s32.line_acc):+.1f} points exact lines, "
                         f"{l32 / l8:.2f}x speed; quantized in {seconds:.1f}s; onnxruntime int8 kernels: {kernels}",
                         highlight=False, soft_wrap=True)

@@ -12,6 +12,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from netquant.core.int_kernels import PairSumLimit
 from netquant.core.qparams import QParams
 from netquant.core.spec import QuantSpec
 from netquant.errors import ConfigError, ExportError
@@ -53,6 +54,7 @@ class TensorQuantConfig:
     params: QParams | None = None
     dominated_by: TensorQuantConfig | None = None  # shares that config's params (shared-scale groups, overlaps)
     name: str = ""  # tensor name, for messages
+    pair_limit: PairSumLimit | None = None  # integer codes kept free of int16 pair saturation (weights)
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, QuantSpec):

@@ -11,12 +11,21 @@ from typing import Any
 import onnx
 
 from netquant.atomic import atomic_path
+from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.configs import check_deployable, unwrap
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
 from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
 from netquant.export.qdq import QdqBuilder, required_opset
-from netquant.export.validate import check_model, compare_with_executor, ort_session, sample_feeds
+from netquant.export.validate import (
+    DEFAULT_MAX_ERROR_RATIO,
+    check_model,
+    check_target_arithmetic,
+    compare_with_executor,
+    ort_session,
+    validation_feeds,
+)
+from netquant.platforms.targets import host_accumulation
 
 
 @dataclass
@@ -33,8 +42,11 @@ class ExportReport:
     integer_initializers: int
     quantized_ops: list[str]
     validated: bool
-    output_cosine: dict[str, float] = field(default_factory=dict)
+    output_cosine: dict[str, float] = field(default_factory=dict)  # onnxruntime vs fake-quant, per output
     output_max_abs_diff: dict[str, float] = field(default_factory=dict)
+    validation_batches: int = 0
+    accumulation: Accumulation | None = None  # this machine's int8 arithmetic, which validation emulated
+    cpu_target: str | None = None
     int8_kernels: dict[str, int] | None = None
     runtime_qdq: int | None = None  # Q + DQ nodes onnxruntime still runs after fusing (None: not checked)
     warnings: list[str] = field(default_factory=list)
@@ -52,9 +64,12 @@ class ExportReport:
     def summary(self) -> str:
         cos = ", ".join(f"{k}: {v:.5f}" for k, v in self.output_cosine.items()) or "not validated"
         kernels = ", ".join(f"{k} x{v}" for k, v in (self.int8_kernels or {}).items()) or "none"
+        target = f"; CPU target {self.cpu_target}" if self.cpu_target else ""
+        checked = (f" over {self.validation_batches} batch(es), {self.accumulation.value} int8 arithmetic"
+                   if self.accumulation is not None else "")
         return (f"{self.path}: opset {self.source_opset}->{self.opset}, {len(self.quantized_ops)} ops quantized, "
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
-                f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x); cosine vs executor {cos}; "
+                f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x){target}; cosine vs executor {cos}{checked}; "
                 f"onnxruntime int8 kernels: {kernels}"
                 + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
 
@@ -102,30 +117,36 @@ def _version() -> str:
 
 
 def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None = None, validate: bool = True,
-               sample: Any = None, min_cosine: float = 0.98, check_kernels: bool = True) -> ExportReport:
+               sample: Any = None, min_cosine: float = 0.98, max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
+               check_kernels: bool = True) -> ExportReport:
     """Write `qmodel` as an ONNX QDQ model at `path`, whole or not at all.
 
-    validate: onnx.checker, onnxruntime load, and one batch (`sample`, else one the quantizer kept,
-        else random) where every output's cosine vs the executor's fake-quant run must be >= min_cosine.
-        (Deep 8-bit models are chaotic: on PP-OCRv4's recognizer a 1e-5 input perturbation alone moves the
-        fake-quant softmax output to cosine ~0.995, so the default bound catches broken graphs, not noise.)
+    validate: onnx.checker, onnxruntime load, the platform's CPU target (no int8 weight pair that its int16
+        pair sums can overflow), and batches (`sample`, else the calibration batches the quantizer kept, else
+        random) where every output of onnxruntime must agree with the executor's fake-quant run, with this
+        machine's int8 arithmetic emulated (cosine >= min_cosine), or be as close to FP32 as that run is
+        (within max_error_ratio of its 1 - cosine; None: agreement alone). Deep 8-bit models amplify ordinary
+        rounding differences, so agreement alone refuses sound files (validate.Agreement).
     check_kernels: record which int8 kernels onnxruntime runs after its optimizations.
     Raises ExportError (and leaves no file) on any failure.
     """
     start = time.perf_counter()
     qgraph = unwrap(qmodel)
     where = str(path)
-    feeds = sample_feeds(qgraph, sample) if validate else None
-    model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=feeds)
-    cos: dict[str, float] = {}
-    diff: dict[str, float] = {}
+    batches = validation_feeds(qgraph, sample) if validate else []
+    if validate:
+        check_target_arithmetic(qgraph, where)
+    model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
+    agreement = {}
+    accumulation = host_accumulation() if validate else None
     with atomic_path(path, "ONNX model") as tmp:
         if validate:
             check_model(model, where)
         onnx.save(model, str(tmp))
         if validate:
             sess = ort_session(str(tmp), where)
-            cos, diff = compare_with_executor(qgraph, sess, feeds, where, min_cosine)
+            agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
+                                              max_error_ratio)
     target = Path(path)
     counts = ort_optimized_op_types(target) if check_kernels else None
     kernels = int8_kernels_of(counts) if counts is not None else None
@@ -134,7 +155,10 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
         fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
-        validated=validate, output_cosine=cos, output_max_abs_diff=diff, int8_kernels=kernels,
+        validated=validate, output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
+        output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
+        accumulation=accumulation, cpu_target=getattr(getattr(qgraph.platform, "cpu_target", None), "value", None),
+        int8_kernels=kernels,
         runtime_qdq=ort_runtime_qdq(counts) if counts is not None else None,
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
 

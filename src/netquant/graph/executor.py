@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, DataError, ModelError, NetquantError
 from netquant.graph.dtypes import numpy_to_torch
 from netquant.graph.fastpath import INPLACE, InplaceFn, storage_is_private
@@ -133,6 +134,7 @@ class Executor:
 
     def __init__(self, graph: Graph, device: str | torch.device = "cpu", *, fold_constants: bool = True,
                  check_inputs: bool = True, inplace: bool = True, channels_last: bool | None = False,
+                 accumulation: Accumulation = Accumulation.EXACT,
                  _outer_names: Sequence[str] = (),
                  _hooks: tuple[list[PreHook], list[PostHook]] | None = None) -> None:
         """fold_constants: evaluate constant sub-expressions once here.
@@ -141,7 +143,9 @@ class Executor:
         flows through.
         channels_last: keep 4-D activations of conv nets in NHWC memory order; None = on for CPU graphs
         with 2-D convolutions.  Off by default: measured on PP-OCRv4 rec / ResNet-50 it helps at batch 1
-        (-30% latency) but not at batch 16, where torch's NHWC BatchNorm is slower.  Same values."""
+        (-30% latency) but not at batch 16, where torch's NHWC BatchNorm is slower.  Same values.
+        accumulation: how integer ops (QLinearConv, MatMulInteger, QGemm, ...) sum u8 x s8 products: EXACT
+        (the ONNX semantics; VNNI / ARM kernels) or PAIRWISE_INT16 (onnxruntime on x86 without VNNI)."""
         _import_ops()
         graph = _inline_local_functions(graph)
         self.graph = graph
@@ -150,6 +154,7 @@ class Executor:
             raise ConfigError(f"Executor device '{device}': CUDA is not available in this torch build / machine; "
                               f"use device='cpu'")
         self.check_inputs = check_inputs
+        self.accumulation = accumulation
         self.inplace = inplace
         self._pre_hooks, self._post_hooks = _hooks if _hooks is not None else ([], [])
         self._sub_executors: dict[int, Executor] = {}
@@ -224,6 +229,7 @@ class Executor:
         # ONNX element types of inputs / outputs where known (None otherwise)
         ctx.extras["input_elem_types"] = [self._elem_types.get(i) if i else None for i in node.inputs]
         ctx.extras["output_elem_types"] = [self._elem_types.get(o) if o else None for o in node.outputs]
+        ctx.extras["accumulation"] = self.accumulation
         outer: list[tuple[str, int]] = []
         subs = list(node.subgraphs())
         if subs:
@@ -473,6 +479,7 @@ class Executor:
             sub = self._sub_executors.get(id(graph))
             if sub is None:
                 sub = Executor(graph, self.device, fold_constants=False, check_inputs=False,
+                               accumulation=self.accumulation,
                                _outer_names=sorted(graph.free_values()),
                                _hooks=(self._pre_hooks, self._post_hooks))
                 self._sub_executors[id(graph)] = sub

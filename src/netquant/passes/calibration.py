@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from netquant.core.config import QuantState, TensorQuantConfig
+from netquant.core.int_kernels import pair_limited_scale
 from netquant.core.qparams import QParams, choose_qparams
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Node
@@ -57,6 +58,9 @@ def _needs_params(cfg: TensorQuantConfig | None) -> bool:
     return cfg is not None and cfg.state is QuantState.INITIAL and cfg.dominated_by is None
 
 
+VALIDATION_BATCHES = 3  # calibration batches kept for export validation
+
+
 @dataclass
 class CalibrationPass:
     name: str = "calibration"
@@ -82,6 +86,10 @@ class CalibrationPass:
                 if const is not None:
                     obs.observe(const.detach().float())
                     cfg.params = obs.compute_params()
+                    if cfg.pair_limit is not None:  # int8 weights kept free of int16 pair saturation
+                        cfg.params = QParams(pair_limited_scale(const.detach().float(), cfg.params.scale,
+                                                                cfg.params.zero_point, cfg.spec, cfg.pair_limit),
+                                             cfg.params.zero_point)
                     cfg.state = QuantState.ACTIVATED
                     continue
                 on_input.setdefault(node.name, []).append((i, cfg, obs))
@@ -129,6 +137,8 @@ class CalibrationPass:
             for batch in ctx.track(data, "calibrating", total=data.num_batches):
                 if getattr(qgraph, "sample_inputs", None) is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
+                if len(qgraph.validation_batches) < VALIDATION_BATCHES:
+                    qgraph.validation_batches.append(batch)
                 ex.run(batch)
         bits = getattr(ctx.settings, "range_bits", RANGE_MANTISSA_BITS)
         for cfg, obs in observed:

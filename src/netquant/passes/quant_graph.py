@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from netquant.core.config import QuantState, TensorQuantConfig
-from netquant.core.ops import fake_quantize
+from netquant.core.int_kernels import Accumulation, quantize_limited
+from netquant.core.ops import dequantize, fake_quantize
 from netquant.graph import Executor, Graph, Node
 from netquant.graph.op_config import OpQuantConfig
 from netquant.platforms.platform import Platform
@@ -35,10 +36,14 @@ def emits(cfg: TensorQuantConfig | None) -> bool:
 
 
 def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
-    """x' = dequantize(quantize(x)) with the config's effective params."""
+    """x' = dequantize(quantize(x)) with the config's effective params (and its pair limit, if any)."""
     params = cfg.effective_params
     assert params is not None
     scale, zp = params.scale.to(x.device), params.zero_point.to(x.device)
+    limit = cfg.pair_limit or cfg.root.pair_limit
+    if limit is not None:
+        codes = quantize_limited(x.detach(), scale, zp, cfg.root.spec, limit)
+        return dequantize(codes, scale, zp, cfg.root.spec).to(x.dtype)
     return fake_quantize(x, scale, zp, cfg.root.spec)
 
 
@@ -53,6 +58,7 @@ class QuantizedGraph:
         self.warnings: list[str] = list(warnings)
         self.info: dict[str, Any] = {}  # facts recorded by passes (timings, counts)
         self.sample_inputs: dict[str, torch.Tensor] | None = None  # one calibration batch (export checks)
+        self.validation_batches: list[dict[str, torch.Tensor]] = []  # the first calibration batches (export checks)
 
     # ---- queries ---------------------------------------------------------------------------
     def configs(self) -> Iterator[TensorQuantConfig]:
@@ -76,15 +82,20 @@ class QuantizedGraph:
         return oc.outputs[producer.outputs.index(tensor)]
 
     # ---- running ---------------------------------------------------------------------------
-    def executor(self, fake_quant: bool = True, device: str | torch.device = "cpu") -> Executor:
-        """An Executor over the graph; with fake_quant, every emitting config fake-quantizes its tensor."""
+    def executor(self, fake_quant: bool = True, device: str | torch.device = "cpu",
+                 accumulation: Accumulation = Accumulation.EXACT) -> Executor:
+        """An Executor over the graph; with fake_quant, every emitting config fake-quantizes its tensor, and
+        ops a u8 x s8 CPU kernel runs sum their products as `accumulation` (PAIRWISE_INT16: x86 without VNNI)."""
         ex = Executor(self.graph, device=device)
         if fake_quant:
-            self.attach_fake_quant(ex)
+            self.attach_fake_quant(ex, accumulation)
         return ex
 
-    def attach_fake_quant(self, ex: Executor) -> list[Any]:
-        """Add pre/post hooks applying fake quantization; returns the hook handles."""
+    def attach_fake_quant(self, ex: Executor, accumulation: Accumulation = Accumulation.EXACT) -> list[Any]:
+        """Add pre/post hooks applying fake quantization (and the kernel arithmetic); returns the hook handles."""
+        from netquant.passes.int_emulation import emulator_for
+
+        emulator = emulator_for(self, accumulation)
         in_plan: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
         out_plan: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
         for name, oc in self.op_configs.items():
@@ -106,7 +117,8 @@ class QuantizedGraph:
                 if is_input and not x.requires_grad and node.inputs[i] in self.graph.initializers:
                     key = id(cfg)
                     hit = weight_cache.get(key)
-                    if hit is not None and hit[0] is x:
+                    if hit is not None and (hit[0] is x or (hit[0].data_ptr() == x.data_ptr()
+                                                            and hit[0].shape == x.shape)):
                         out[i] = hit[1]
                         continue
                     fq = fake_quant(x, cfg)
@@ -118,19 +130,24 @@ class QuantizedGraph:
 
         def pre(node: Node, inputs: list[Any]) -> list[Any] | None:
             plan = in_plan.get(node.name)
-            return apply(node, inputs, plan, True) if plan else None
+            out = apply(node, inputs, plan, True) if plan else None
+            if emulator is not None:
+                emulator.capture(node, out if out is not None else inputs)
+            return out
 
         def post(node: Node, outputs: list[Any]) -> list[Any] | None:
+            if emulator is not None:
+                outputs = emulator.adjust(node, outputs)
             plan = out_plan.get(node.name)
-            return apply(node, outputs, plan, False) if plan else None
+            return apply(node, outputs, plan, False) if plan else outputs
 
         return [ex.add_pre_hook(pre), ex.add_post_hook(post)]
 
-    def run(self, inputs: Any, fake_quant: bool = True, outputs: Sequence[str] | None = None
-            ) -> dict[str, torch.Tensor]:
+    def run(self, inputs: Any, fake_quant: bool = True, outputs: Sequence[str] | None = None,
+            accumulation: Accumulation = Accumulation.EXACT) -> dict[str, torch.Tensor]:
         """Run the graph (fake-quantized by default) and return the named or graph outputs."""
         with torch.no_grad():
-            return self.executor(fake_quant=fake_quant).run(inputs, outputs=outputs)
+            return self.executor(fake_quant=fake_quant, accumulation=accumulation).run(inputs, outputs=outputs)
 
     def __repr__(self) -> str:
         return (f"QuantizedGraph({self.graph.name!r}, platform={self.platform.name}, "

@@ -10,6 +10,7 @@ from netquant.core.spec import Granularity
 from netquant.errors import ConfigError
 from netquant.passes.overrides import OpSelector, Override
 from netquant.platforms import Platform, get_platform
+from netquant.platforms.targets import CpuTarget, WeightScheme
 
 
 @dataclass
@@ -22,6 +23,9 @@ class QuantSettings:
     force_fp32: op selectors ('Conv', 'name:conv1', 'glob:*head*', 're:^blocks\\.1') left in float.
     overrides: Override objects changing specs of selected ops.
     strict: an op the platform would quantize but cannot stays FP32 with a warning; strict raises.
+    target: the CPUs the file will run on (onnxruntime_int8 / openvino_int8): 'any' (default: safe on every
+        x86-64 and ARM64 CPU), 'x86-no-vnni', 'x86-vnni', 'arm64' or 'host' (this machine, probed).
+    weight_scheme: 'int8', 'int7', 'uint8' or 'int8-pairs'; None = the platform's choice for the target.
     range_bits: significant bits kept of each calibrated activation range end, rounded outward
         (passes.calibration.round_range_outward); makes scales immune to float summation-order noise
         (torch thread count).  None = the observer's exact range.
@@ -45,6 +49,8 @@ class QuantSettings:
     simplify: bool = True  # exact rewrites: Conv->Mul/Add folding, decomposed hard-swish -> HardSigmoid*x
     device: str = "cpu"
     range_bits: int | None = 8
+    target: CpuTarget | str | None = None
+    weight_scheme: WeightScheme | str | None = None
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
@@ -69,6 +75,10 @@ class QuantSettings:
             raise ConfigError(f"batch_size must be a positive int, got {self.batch_size!r}")
         if self.range_bits is not None and (not isinstance(self.range_bits, int) or not 2 <= self.range_bits <= 52):
             raise ConfigError(f"range_bits must be None or an int in [2, 52], got {self.range_bits!r}")
+        if self.target is not None:
+            self.target = CpuTarget.parse(self.target)
+        if self.weight_scheme is not None:
+            self.weight_scheme = WeightScheme.parse(self.weight_scheme)
         if self.max_calib_batches is not None and self.max_calib_batches < 1:
             raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
         from netquant.passes.observers import observer_names
@@ -81,7 +91,7 @@ class QuantSettings:
 
     def effective_platform(self) -> Platform:
         """The platform with this run's observer / granularity choices applied."""
-        p = self.platform
+        p = self.platform.for_cpu(self.target, self.weight_scheme)
         changes: dict[str, Any] = {}
         if self.activation_observer is not None:
             changes["activation_observer"] = self.activation_observer

@@ -21,6 +21,7 @@ from netquant.platforms.platform import (
     standard_rule,
 )
 from netquant.platforms.registry import register_platform
+from netquant.platforms.targets import CpuTarget, WeightScheme
 
 HALF_EVEN = RoundingPolicy.ROUND_HALF_EVEN
 
@@ -81,6 +82,8 @@ ONNXRUNTIME_INT8 = Platform(
     weight_observer="minmax",
     export_format=ExportFormat.ONNX_QDQ,
     min_opset=13,
+    cpu_target=CpuTarget.ANY,
+    safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
 )
 
 
@@ -127,6 +130,10 @@ OPENVINO_INT8 = Platform(
     fusions=(("Conv", "Relu"), ("Conv", "Clip")),
     activation_observer="minmax",
     weight_observer="minmax",
+    # OpenVINO's CPU plugin has the same u8 x s8 int16 pairs on x86 without VNNI (NNCF's overflow_fix);
+    # its weight packing order is not known here, so the safe scheme is 7-bit weights
+    cpu_target=CpuTarget.ANY,
+    safe_weight_scheme=WeightScheme.INT7,
 )
 
 

@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from netquant.core.int_kernels import LayoutKind, PairSumLimit, WeightLayout
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.errors import ConfigError
+from netquant.platforms.targets import CpuTarget, WeightScheme, needs_saturation_free_weights
 
 if TYPE_CHECKING:  # pragma: no cover
     from netquant.graph import Graph, Node
@@ -176,6 +178,10 @@ class Platform:
         quantized (their configs become OVERLAPPED by the chain's last output).
     activation_observer / weight_observer: names in netquant.calib's observer registry.
     op_hook: optional function(op_config, graph) adjusting one op's configs.
+    cpu_target: for engines running u8 x s8 CPU kernels (onnxruntime, OpenVINO): the CPUs the file is for
+        (None: the engine's arithmetic does not depend on the CPU). `for_cpu` applies it.
+    weight_scheme: how int8-kernel weights are stored (None until `for_cpu` picks one for cpu_target).
+    safe_weight_scheme: the saturation-free scheme this engine uses where a target needs one.
     """
 
     name: str
@@ -191,6 +197,9 @@ class Platform:
     min_opset: int = 13
     description: str = ""
     op_hook: OpHook | None = None
+    cpu_target: CpuTarget | None = None
+    weight_scheme: WeightScheme | None = None
+    safe_weight_scheme: WeightScheme = WeightScheme.INT7
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -243,6 +252,34 @@ class Platform:
         """A copy with some fields changed."""
         return replace(self, **changes)
 
+    def for_cpu(self, target: CpuTarget | str | None = None, scheme: WeightScheme | str | None = None) -> Platform:
+        """This platform for files that run on `target` CPUs, weights stored as `scheme`.
+
+        scheme None: full-range int8 where every CPU of the target accumulates exactly, else
+        safe_weight_scheme. Platforms whose engine is not a CPU (cpu_target None) take no target.
+        """
+        if self.cpu_target is None:
+            if target is not None and CpuTarget.parse(target) is not CpuTarget.ANY or scheme is not None:
+                raise ConfigError(f"platform '{self.name}' does not run on CPU int8 kernels: it takes no CPU target "
+                                  "or weight scheme (those apply to onnxruntime_int8 and openvino_int8)")
+            return self
+        cpu = CpuTarget.parse(target) if target is not None else self.cpu_target
+        if scheme is not None:
+            chosen = WeightScheme.parse(scheme)
+        else:
+            chosen = self.safe_weight_scheme if needs_saturation_free_weights(cpu) else WeightScheme.INT8
+        if chosen is WeightScheme.INT8_PAIR_LIMITED and self.safe_weight_scheme is not WeightScheme.INT8_PAIR_LIMITED:
+            raise ConfigError(f"platform '{self.name}': weight scheme '{chosen.value}' needs the engine's weight "
+                              "packing order, known for onnxruntime_int8 only; use 'int7' or 'uint8'")
+        weight, hook = self.weight, self.op_hook
+        if chosen is WeightScheme.INT7:
+            weight = weight.with_(quant_min=-64, quant_max=64, narrow_range=False)
+        elif chosen is WeightScheme.UINT8:
+            weight = weight.with_(signed=False, symmetric=True, narrow_range=False)
+        elif chosen is WeightScheme.INT8_PAIR_LIMITED:
+            hook = _chain_hooks(self.op_hook, limit_weight_pairs)
+        return replace(self, cpu_target=cpu, weight_scheme=chosen, weight=weight, op_hook=hook)
+
     # ---- queries -------------------------------------------------------------------------
     @property
     def quantizable_op_types(self) -> list[str]:
@@ -272,8 +309,54 @@ class Platform:
     def scheme(self) -> str:
         """One line describing the scheme (for `netquant platforms`)."""
         bias = self.bias.describe() if self.bias is not None else "float"
+        cpu = (f"; CPU target {self.cpu_target.value}, weights {self.weight_scheme.value if self.weight_scheme else 'auto'}"
+               if self.cpu_target is not None else "")
         return (f"act {self.activation.describe()} [{self.activation_observer}]; "
-                f"weight {self.weight.describe()} [{self.weight_observer}]; bias {bias}")
+                f"weight {self.weight.describe()} [{self.weight_observer}]; bias {bias}{cpu}")
+
+
+def _chain_hooks(first: OpHook | None, second: OpHook) -> OpHook:
+    if first is None:
+        return second
+
+    def both(oc: OpQuantConfig, graph: Graph) -> None:
+        first(oc, graph)
+        second(oc, graph)
+
+    return both
+
+
+def weight_layout(node: Node, weight: torch.Tensor | None) -> WeightLayout | None:
+    """The K order onnxruntime's u8 x s8 kernel walks this op's weight in; None where its kernel is exact
+    (depthwise convolutions) or the op has no int8 kernel."""
+    if node.op_type == "Conv":
+        if weight is None or (weight.shape[1] == 1 and weight.shape[0] == int(node.attrs.get("group", 1))):
+            return None
+        return WeightLayout(LayoutKind.CONV_NHWC)
+    if node.op_type == "MatMul":
+        return WeightLayout(LayoutKind.ROWS)
+    if node.op_type == "Gemm":
+        return WeightLayout(LayoutKind.COLS if int(node.attrs.get("transB", 0)) else LayoutKind.ROWS)
+    return None
+
+
+def limit_weight_pairs(oc: OpQuantConfig, graph: Graph) -> None:
+    """Op hook: int8 weights of u8-activation ops keep every same-sign pair of the kernel's K order within
+    |q0| + |q1| <= 128, so onnxruntime's int16 pair sums (x86 without VNNI) never saturate."""
+    from netquant.graph.op_config import TensorRole
+
+    w_cfg = oc.weight_config()
+    a_idx = oc.input_index(TensorRole.ACTIVATION)
+    a_cfg = oc.inputs[a_idx] if a_idx is not None else None
+    if w_cfg is None or a_cfg is None or w_cfg.spec.is_float or a_cfg.spec.is_float:
+        return
+    if not (w_cfg.spec.bits == 8 and w_cfg.spec.signed and a_cfg.spec.bits == 8 and not a_cfg.spec.signed):
+        return
+    w_idx = oc.input_index(TensorRole.WEIGHT)
+    weight = graph.initializers.get(oc.op.inputs[w_idx]) if w_idx is not None else None
+    layout = weight_layout(oc.op, weight)
+    if layout is not None:
+        w_cfg.pair_limit = PairSumLimit(layout)
 
 
 def int32_bias_spec(rounding: RoundingPolicy = RoundingPolicy.ROUND_HALF_EVEN) -> QuantSpec:

@@ -8,9 +8,11 @@ import torch
 from onnx import helper, numpy_helper
 
 import netquant.graph.ops  # noqa: F401  (registers the ops)
+from netquant.core.int_kernels import Accumulation
 from netquant.errors import UnsupportedOpError
 from netquant.graph.dtypes import BITCAST_DTYPES
 from netquant.graph.ops.registry import OpContext, lookup_op
+from netquant.platforms.targets import host_accumulation
 
 _ML_DTYPES = BITCAST_DTYPES  # numpy (ml_dtypes) dtype name -> (bit view, torch dtype)
 
@@ -72,7 +74,8 @@ def decode_attrs(node: onnx.NodeProto) -> dict:
     return out
 
 
-def run_model(model: onnx.ModelProto, inputs: list) -> list:
+def run_model(model: onnx.ModelProto, inputs: list, accumulation: Accumulation = Accumulation.EXACT) -> list:
+    """Run the model's nodes through netquant's op registry; integer ops sum products as `accumulation`."""
     opsets = {(o.domain or ""): o.version for o in model.opset_import}
     g = model.graph
     env = {}
@@ -94,7 +97,8 @@ def run_model(model: onnx.ModelProto, inputs: list) -> list:
         ctx = OpContext(op_type=node.op_type, name=node.name, domain=dom, opset=opset,
                         num_outputs=len(node.output),
                         extras={"input_elem_types": [elem.get(n) for n in node.input],
-                                "output_elem_types": [elem.get(n) for n in node.output]})
+                                "output_elem_types": [elem.get(n) for n in node.output],
+                                "accumulation": accumulation})
         args = [env[n] if n else None for n in node.input]
         try:
             res = fn(args, decode_attrs(node), ctx)
@@ -165,5 +169,6 @@ def ort_and_ours(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: int
     so.intra_op_num_threads = 1
     sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     ref = sess.run(None, inputs)
-    ours = [torch_to_np(t) for t in run_model(model, list(inputs.values()))]
+    # onnxruntime's int8 kernels: exact on VNNI / ARM, int16 pair saturation on x86 without VNNI
+    ours = [torch_to_np(t) for t in run_model(model, list(inputs.values()), host_accumulation())]
     return ref, ours

@@ -218,7 +218,15 @@ def test_com_microsoft_qlinear_binary(op: str) -> None:
               "cz": np.array(125, np.uint8)}
     node = oh.make_node(op, list(inputs), ["c"], domain="com.microsoft")
     ref, ours = ort_and_ours(node, inputs, domain_opsets={"com.microsoft": 1})
-    _close(ref, ours)
+    a = inputs["a"].astype(np.float64) - 120
+    b = inputs["b"].astype(np.float64) - 130
+    real = a * 0.05 / 0.08 + b * 0.04 / 0.08 if op == "QLinearAdd" else a * b * 0.05 * 0.04 / 0.08
+    tie = np.isclose(np.abs(real - np.trunc(real)), 0.5, atol=1e-4)
+    # onnxruntime's x86 kernels round exact halves differently (AVX-512: away from zero, AVX2: toward zero);
+    # everywhere else the result is exact
+    diff = ours[0].astype(np.int32) - ref[0].astype(np.int32)
+    assert np.all(diff[~tie] == 0), (real[~tie], ours[0][~tie], ref[0][~tie])
+    assert np.all(np.abs(diff[tie]) <= 1)
 
 
 @pytest.mark.parametrize("mode", ["constant", "reflect", "edge"])

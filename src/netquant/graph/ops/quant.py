@@ -10,11 +10,18 @@ from typing import Any
 
 import torch
 
+from netquant.core.int_kernels import (
+    Accumulation,
+    LayoutKind,
+    WeightLayout,
+    conv_pairwise_correction,
+    pairwise_correction,
+)
 from netquant.errors import UnsupportedOpError
 
 from ._util import FLOAT4E2M1, FLOAT8, STAND_IN, SUB_BYTE_RANGE, axis_of, elem_type_of, onnx_dtype, opt
 from .cast import to_float4_e2m1, to_float8
-from .conv import conv_nd
+from .conv import conv_nd, resolve_pads
 from .registry import OpContext, register_op
 
 Tensor = torch.Tensor
@@ -127,13 +134,33 @@ def _zp_sub(x: Tensor, zp: Tensor | None, axis_shape: list[int] | None = None) -
     return v
 
 
+def _saturating(ctx: OpContext, a: Tensor, b: Tensor) -> bool:
+    """True when this executor emulates a pairwise-int16 kernel and the op is u8 x s8 (see core.int_kernels)."""
+    return (ctx.extras.get("accumulation", Accumulation.EXACT) is Accumulation.PAIRWISE_INT16
+            and a.dtype == torch.uint8 and b.dtype == torch.int8)
+
+
+def _matmul_saturation(a: Tensor, b: Tensor, layout: LayoutKind = LayoutKind.ROWS) -> Tensor:
+    """Saturation term of raw codes a [..., M, K] times b ([..., K, N], or [N, K] for COLS)."""
+    if b.dim() <= 2:
+        return pairwise_correction(a, WeightLayout(layout).to_nk(b))
+    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a_b, b_b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
+    parts = [pairwise_correction(x, WeightLayout(layout).to_nk(w))
+             for x, w in zip(a_b.reshape(-1, *a.shape[-2:]), b_b.reshape(-1, *b.shape[-2:]))]
+    return torch.stack(parts).reshape(*lead, a.shape[-2], -1)
+
+
 @register_op("MatMulInteger")
 def matmul_integer(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """int32 y = (a - a_zp) @ (b - b_zp); a_zp per row (M) or scalar, b_zp per column (N) or scalar."""
     a, b, az, bz = inputs[0], inputs[1], opt(inputs, 2), opt(inputs, 3)
     av = _zp_sub(a, az, [-1, 1])
     bv = _zp_sub(b, bz, [1, -1])
-    return [torch.matmul(av, bv).round().to(torch.int32)]
+    acc = torch.matmul(av, bv)
+    if _saturating(ctx, a, b):
+        acc = acc + _matmul_saturation(a, b)
+    return [acc.round().to(torch.int32)]
 
 
 def _requant(acc: Tensor, multiplier: Tensor, yz: Tensor | None, dtype: torch.dtype) -> Tensor:
@@ -150,6 +177,8 @@ def qlinear_matmul(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCo
     multiplier (as onnxruntime); scales per tensor, per row of a or per column of b."""
     a, a_s, a_z, b, b_s, b_z, y_s, y_z = inputs[:8]
     acc = torch.matmul(_zp_sub(a, a_z, [-1, 1]), _zp_sub(b, b_z, [1, -1]))
+    if _saturating(ctx, a, b):
+        acc = acc + _matmul_saturation(a, b)
     sa = a_s.float().reshape(-1, 1) if a_s.numel() > 1 else a_s.float().reshape(())
     sb = b_s.float().reshape(1, -1) if b_s.numel() > 1 else b_s.float().reshape(())
     y_dtype = y_z.dtype if y_z is not None else torch.uint8
@@ -167,6 +196,17 @@ def qlinear_conv(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCont
     wshape = [-1] + [1] * (w.dim() - 1)
     wv = _zp_sub(w, wz, wshape)
     acc = conv_nd(xv, wv, None, attrs, ctx)
+    group = int(attrs.get("group", 1))
+    depthwise = w.shape[1] == 1 and w.shape[0] == group  # onnxruntime's depthwise kernel: exact products
+    if _saturating(ctx, x, w) and not depthwise:
+        nd = x.dim() - 2
+        kernel = [int(k) for k in attrs.get("kernel_shape", w.shape[2:])]
+        strides = [int(v) for v in attrs.get("strides", [1] * nd)]
+        dil = [int(v) for v in attrs.get("dilations", [1] * nd)]
+        pads = resolve_pads(attrs, list(x.shape[2:]), kernel, strides, dil, ctx)
+        zp = float(xz.reshape(-1)[0]) if xz is not None else 0.0
+        acc = acc + conv_pairwise_correction(x, w, group=group, strides=strides, dilations=dil, pads=pads,
+                                             pad_value=zp)
     if bias is not None:
         acc = acc + bias.double().reshape(1, -1, *([1] * (acc.dim() - 2)))
     mult = xs.double() * ws.double()
@@ -259,7 +299,11 @@ def qgemm(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) ->
         bv = b.to(torch.float64) - (_per_column(bz) if bz is not None else 0)
     if attrs.get("transA", 0):
         av = av.t()
-    acc = torch.matmul(av, bv) * attrs.get("alpha", 1.0)
+    acc = torch.matmul(av, bv)
+    if _saturating(ctx, a, b):
+        a_raw = a.t() if attrs.get("transA", 0) else a
+        acc = acc + _matmul_saturation(a_raw, b, LayoutKind.COLS if attrs.get("transB", 0) else LayoutKind.ROWS)
+    acc = acc * attrs.get("alpha", 1.0)
     if c is not None:
         acc = acc + c.to(torch.float64)
     mult = a_s.float().reshape(()) * _per_column(b_s.float())
@@ -276,6 +320,8 @@ def matmul_integer_to_float(inputs: list[Tensor | None], attrs: dict[str, Any], 
     a_z, b_z, bias = opt(inputs, 4), opt(inputs, 5), opt(inputs, 6)
     acc = torch.matmul(_zp_sub(a, a_z), b.to(torch.float64) - (_per_column(b_z.double()) if b_z is not None
                                                                 else 0))
+    if _saturating(ctx, a, b):
+        acc = acc + _matmul_saturation(a, b)
     y = (acc * (a_s.double().reshape(()) * _per_column(b_s.double()))).to(a_s.dtype)
     return [y + bias if bias is not None else y]
 

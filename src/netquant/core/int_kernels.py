@@ -1,0 +1,249 @@
+"""How CPU int8 kernels accumulate u8 x s8 products, and int8 weights that no kernel can overflow.
+
+    exact:     acc = sum_k a_k * w_k                                            (int32)
+    pairwise:  acc = sum_j sat16(a_{2j} * w_{2j} + a_{2j+1} * w_{2j+1})         (x86 vpmaddubsw)
+
+a: raw uint8 activation codes (0..255, the zero point is subtracted after accumulation),
+w: int8 weight codes, k: the position in the kernel's reduction order (`WeightLayout`).
+A pair of one sign with |w0| + |w1| <= PAIR_LIMIT cannot saturate for any a: 255 * 128 = 32640.
+Pairs of opposite signs never saturate (255 * 127 < 32767).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from netquant.core.spec import QuantSpec
+
+PAIR_LIMIT = 128
+INT16_MIN, INT16_MAX = -32768, 32767
+_CHUNK_ELEMS = 1 << 22  # bound on the temporary pair-sum tensor of the emulation
+
+
+class Accumulation(enum.Enum):
+    """How an int8 kernel sums u8 x s8 products."""
+
+    EXACT = "exact"  # int32: VNNI (vpdpbusd), AMX, ARM64 sdot/udot/smmla, u8u8 and s8s8 kernels
+    PAIRWISE_INT16 = "pairwise_int16"  # x86 AVX2 / AVX-512BW without VNNI: vpmaddubsw saturates a pair in int16
+
+
+class LayoutKind(enum.Enum):
+    """Where a weight's reduction dim K lies and the order the kernel walks it in."""
+
+    CONV_NHWC = "conv_nhwc"  # Conv weight [O, C/g, *k]: K = tap * C/g + c (onnxruntime's NHWC im2col)
+    ROWS = "rows"  # [..., K, N]: MatMul B, Gemm B with transB=0
+    COLS = "cols"  # [N, K]: Gemm B with transB=1
+
+
+@dataclass(frozen=True)
+class WeightLayout:
+    """Maps a weight tensor to the [N, K] matrix whose rows an int8 kernel reduces, pairs (2j, 2j+1)."""
+
+    kind: LayoutKind
+
+    def to_nk(self, w: torch.Tensor) -> torch.Tensor:
+        if self.kind is LayoutKind.CONV_NHWC:
+            o, cg = w.shape[0], w.shape[1]
+            return w.reshape(o, cg, -1).transpose(1, 2).reshape(o, -1)
+        if self.kind is LayoutKind.ROWS:
+            k = w.shape[-2]
+            return w.transpose(-1, -2).reshape(-1, k)
+        return w.reshape(w.shape[0], -1)
+
+    def from_nk(self, m: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        if self.kind is LayoutKind.CONV_NHWC:
+            o, cg = shape[0], shape[1]
+            return m.reshape(o, -1, cg).transpose(1, 2).reshape(shape)
+        if self.kind is LayoutKind.ROWS:
+            lead = (*shape[:-2], shape[-1], shape[-2])
+            return m.reshape(lead).transpose(-1, -2).contiguous()
+        return m.reshape(shape)
+
+
+def _pairs(m: torch.Tensor) -> torch.Tensor:
+    """[N, K] -> [N, ceil(K/2), 2], K padded with a zero column when odd."""
+    if m.shape[-1] % 2:
+        m = F.pad(m, (0, 1))
+    return m.reshape(m.shape[0], -1, 2)
+
+
+def overflow_pairs(w_nk: torch.Tensor, limit: int = PAIR_LIMIT) -> torch.Tensor:
+    """Bool [N, ceil(K/2)]: pairs of integer weights that a saturating int16 pair sum can overflow."""
+    p = _pairs(w_nk.to(torch.int32))
+    return (p[..., 0] * p[..., 1] > 0) & (p.abs().sum(-1) > limit)
+
+
+def count_overflow_pairs(codes: torch.Tensor, layout: WeightLayout, limit: int = PAIR_LIMIT) -> int:
+    """How many weight pairs (in the kernel's reduction order) could saturate."""
+    return int(overflow_pairs(layout.to_nk(codes), limit).sum())
+
+
+def limit_pair_sums(real_codes: torch.Tensor, codes: torch.Tensor, layout: WeightLayout,
+                    limit: int = PAIR_LIMIT, max_code: int = 127) -> torch.Tensor:
+    """Integer weights with |q0| + |q1| <= limit in every same-sign pair (no int16 pair saturation).
+
+    real_codes: w / scale (unrounded), codes: the rounded codes. A pair over the limit moves to the
+    closest point of |q0| + |q1| = limit (both magnitudes lowered by the same amount, then rounded);
+    other pairs are unchanged.
+    """
+    shape = codes.shape
+    q = _pairs(layout.to_nk(codes).to(torch.float64)).clone()
+    over = (q[..., 0] * q[..., 1] > 0) & (q.abs().sum(-1) > limit)
+    if not bool(over.any()):
+        return codes
+    v = _pairs(layout.to_nk(real_codes).to(torch.float64))[over].abs()
+    sign = torch.sign(q[over][:, 0])
+    m0 = v[:, 0] - (v.sum(-1) - limit) / 2
+    r0 = torch.round(m0.clamp(limit - max_code, max_code))
+    q[over] = torch.stack([r0, limit - r0], -1) * sign[:, None]
+    flat = q.reshape(q.shape[0], -1)[:, : layout.to_nk(codes).shape[1]]
+    return layout.from_nk(flat, shape).to(codes.dtype)
+
+
+def _saturated_minus_exact(a0: torch.Tensor, a1: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
+    p = a0 * w0 + a1 * w1
+    return p.clamp(INT16_MIN, INT16_MAX) - p
+
+
+def pairwise_correction(a: torch.Tensor, w_nk: torch.Tensor, limit: int = PAIR_LIMIT) -> torch.Tensor:
+    """sum_j sat16(pair_j) - sum_j pair_j for a [..., M, K] (raw u8 codes) and w [N, K]: [..., M, N] float64.
+
+    Only pairs that can overflow contribute, so a saturation-free weight costs nothing.
+    """
+    over = overflow_pairs(w_nk, limit)
+    out = torch.zeros((*a.shape[:-1], w_nk.shape[0]), dtype=torch.float64)
+    if not bool(over.any()):
+        return out
+    n_idx, j_idx = over.nonzero(as_tuple=True)
+    wp = _pairs(w_nk.to(torch.float64))
+    ap = a.to(torch.float64)
+    if ap.shape[-1] % 2:
+        ap = F.pad(ap, (0, 1))
+    rows = max(1, ap[..., 0].numel())
+    step = max(1, _CHUNK_ELEMS // rows)
+    for s in range(0, n_idx.numel(), step):
+        n, j = n_idx[s:s + step], j_idx[s:s + step]
+        corr = _saturated_minus_exact(ap[..., 2 * j], ap[..., 2 * j + 1], wp[n, j, 0], wp[n, j, 1])
+        out.index_add_(out.dim() - 1, n, corr)
+    return out
+
+
+def int_matmul(a: torch.Tensor, w_nk: torch.Tensor, accumulation: Accumulation) -> torch.Tensor:
+    """acc[..., m, n] = sum_k a[..., m, k] * w[n, k] as the kernel computes it (float64 holding integers)."""
+    exact = torch.matmul(a.to(torch.float64), w_nk.to(torch.float64).t())
+    if accumulation is Accumulation.PAIRWISE_INT16:
+        exact = exact + pairwise_correction(a, w_nk)
+    return exact
+
+
+def conv_pairwise_correction(x_codes: torch.Tensor, w_codes: torch.Tensor, *, group: int,
+                             strides: list[int], dilations: list[int], pads: list[int],
+                             pad_value: float) -> torch.Tensor:
+    """The saturation term of a 1-D / 2-D convolution under PAIRWISE_INT16, in onnxruntime's NHWC K order.
+
+    x_codes: [N, C, *spatial] raw u8 codes; w_codes: [O, C/group, *k]; pads: ONNX begin..end pads
+    (padded positions hold the input zero point `pad_value`). Returns [N, O, *out_spatial] float64.
+    """
+    spatial = x_codes.dim() - 2
+    if spatial == 1:
+        x_codes, w_codes = x_codes.unsqueeze(2), w_codes.unsqueeze(2)
+        strides, dilations, pads = [1, *strides], [1, *dilations], [0, pads[0], 0, pads[1]]
+    elif spatial != 2:
+        raise ValueError(f"saturation emulation covers 1-D and 2-D convolutions, not {spatial}-D")
+    n, c, h, w = x_codes.shape
+    o, cg, kh, kw = w_codes.shape
+    taps = kh * kw
+    layout = WeightLayout(LayoutKind.CONV_NHWC)
+    w_nk = layout.to_nk(w_codes)
+    over = overflow_pairs(w_nk)
+    xp = F.pad(x_codes.to(torch.float64), (pads[1], pads[3], pads[0], pads[2]), value=pad_value)
+    oh = (xp.shape[2] - dilations[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (xp.shape[3] - dilations[1] * (kw - 1) - 1) // strides[1] + 1
+    out = torch.zeros((n, o, oh * ow), dtype=torch.float64)
+    if bool(over.any()):
+        o_idx, j_idx = over.nonzero(as_tuple=True)
+        wp = _pairs(w_nk.to(torch.float64))
+        k_total = cg * taps
+        out_per_group = o // group
+
+        def unfold_row(k: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+            # K index (tap * cg + c) of group g -> row of F.unfold's (channel * taps + tap) order
+            return (g * cg + k % cg) * taps + k // cg
+
+        g_idx = o_idx // out_per_group
+        k0, k1 = 2 * j_idx, 2 * j_idx + 1
+        valid1 = k1 < k_total
+        r0 = unfold_row(k0, g_idx)
+        r1 = unfold_row(torch.where(valid1, k1, k0), g_idx)
+        step = max(1, _CHUNK_ELEMS // (oh * ow))
+        for b in range(n):
+            cols = F.unfold(xp[b:b + 1], (kh, kw), dilation=dilations, stride=strides)[0]  # [C*taps, L]
+            for s in range(0, o_idx.numel(), step):
+                sl = slice(s, s + step)
+                a0 = cols[r0[sl]]
+                a1 = torch.where(valid1[sl, None], cols[r1[sl]], torch.zeros_like(a0))
+                corr = _saturated_minus_exact(a0, a1, wp[o_idx[sl], j_idx[sl], 0][:, None],
+                                              wp[o_idx[sl], j_idx[sl], 1][:, None])
+                out[b].index_add_(0, o_idx[sl], corr)
+    out = out.reshape(n, o, oh, ow)
+    return out.squeeze(2) if spatial == 1 else out
+
+
+@dataclass(frozen=True)
+class PairSumLimit:
+    """A weight's integer codes keep |q0| + |q1| <= limit in every same-sign pair of `layout`'s K order."""
+
+    layout: WeightLayout
+    limit: int = PAIR_LIMIT
+
+    def apply(self, real_codes: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
+        return limit_pair_sums(real_codes, codes, self.layout, self.limit)
+
+
+def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                     limit: PairSumLimit) -> torch.Tensor:
+    """Integer codes of x under spec (symmetric int8 weights), then `limit` applied."""
+    from netquant.core.ops import quantize
+
+    codes = quantize(x, scale, zero_point, spec)
+    s = scale.to(torch.float64)
+    if s.numel() > 1 and spec.axis is not None:
+        shape = [1] * x.dim()
+        shape[spec.axis % x.dim()] = -1
+        s = s.reshape(shape)
+    real = x.to(torch.float64) / s - zero_point.to(torch.float64).reshape(s.shape if s.dim() else ())
+    return limit.apply(real, codes)
+
+
+def pair_limited_scale(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                       limit: PairSumLimit, steps: int = 16) -> torch.Tensor:
+    """Per channel (or per tensor), the scale in [s, s * r] whose pair-limited codes minimise sum (x - s q)^2.
+
+    r = (qmax - qmin) / 2 / 64 grows the scale until every code fits in [-64, 64] (no pair can exceed 128), so
+    the choice is never worse than 7-bit weights; at s most pairs keep full 8-bit precision.
+    """
+    top = (spec.qmax - spec.qmin) / 2 / 64
+    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), steps, dtype=torch.float64)
+    per_channel = scale.numel() > 1 and spec.axis is not None
+    axis = spec.axis % x.dim() if per_channel else None
+    reduce = [d for d in range(x.dim()) if d != axis]
+    best_err: torch.Tensor | None = None
+    best = scale.clone()
+    for f in factors:
+        s = (scale.double() * f).to(scale.dtype)
+        codes = quantize_limited(x, s, zero_point, spec, limit).double()
+        sb = s.double().reshape([-1 if d == axis else 1 for d in range(x.dim())]) if per_channel else s.double()
+        zb = zero_point.double().reshape(sb.shape) if per_channel else zero_point.double()
+        err = ((x.double() - (codes - zb) * sb) ** 2).sum(reduce) if reduce else (x.double() - (codes - zb) * sb) ** 2
+        err = err.reshape(scale.shape)
+        if best_err is None:
+            best_err = err
+            continue
+        better = err < best_err
+        best = torch.where(better, s, best)
+        best_err = torch.where(better, err, best_err)
+    return best
