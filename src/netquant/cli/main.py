@@ -1,4 +1,4 @@
-"""`netquant` command line: quantize, platforms, demo."""
+"""`netquant` command line: quantize, platforms, demo, doctor."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ def cli() -> None:
 
 def _register() -> None:
     from netquant.cli.demo_cmd import demo
+    from netquant.cli.doctor_cmd import doctor
     from netquant.cli.platforms_cmd import platforms
     from netquant.cli.quantize_cmd import quantize
 
     cli.add_command(quantize)
     cli.add_command(platforms)
     cli.add_command(demo)
+    cli.add_command(doctor)
 
 
 _register()

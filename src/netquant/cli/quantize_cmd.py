@@ -146,12 +146,17 @@ def summary_table(f: RunFacts) -> Table:
               show_default=True)
 @click.option("--keep-aspect", is_flag=True, help="Resize images to the height, keep aspect, pad right.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed for --calib random.")
+@click.option("--target", default=None,
+              help="CPUs the file will run on (onnxruntime_int8 / openvino_int8): any (default: every x86-64 and "
+                   "ARM64 CPU), x86-no-vnni, x86-vnni, arm64, host (this machine; see `netquant doctor`).")
+@click.option("--weight-scheme", default=None,
+              help="int8 | int7 | uint8 | int8-pairs (default: the platform's choice for --target).")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
-             keep_aspect: bool, seed: int) -> None:
+             keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.export import export_qdq, export_quant_params_json, export_trt_calibration_cache
@@ -181,6 +186,10 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         settings["weight_observer"] = weight_observer
     if per_channel is not None:
         settings["per_channel"] = per_channel
+    if target is not None:
+        settings["target"] = target
+    if weight_scheme is not None:
+        settings["weight_scheme"] = weight_scheme
     batches = split_batches(data, inputs, batch_size)
     qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform, **settings)
     for w in messages:

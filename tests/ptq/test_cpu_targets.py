@@ -1,0 +1,124 @@
+"""CPU targets: weight schemes per target, the static saturation check at export, validation with this
+machine's int8 arithmetic, and the doctor command."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from _export_models import conv_net, images
+from click.testing import CliRunner
+
+import netquant
+from netquant.cli.main import cli
+from netquant.core.int_kernels import PAIR_LIMIT, Accumulation, count_overflow_pairs
+from netquant.errors import ConfigError, ExportError
+from netquant.passes.int_emulation import kernel_sites
+from netquant.platforms import get_platform
+from netquant.platforms.targets import CpuTarget, WeightScheme, host_accumulation
+
+
+def _quantize(**kw):
+    return netquant.quantize_onnx(conv_net(channels=16), {"x": images(16)}, quiet=True, **kw)
+
+
+def test_default_target_is_any_with_saturation_free_weights() -> None:
+    qm = _quantize()
+    assert qm.platform.cpu_target is CpuTarget.ANY
+    assert qm.platform.weight_scheme is WeightScheme.INT8_PAIR_LIMITED
+    sites = kernel_sites(qm.qgraph)
+    assert sites and all(s.overflow_pairs == 0 for s in sites)
+    assert max(int(s.weight_codes.abs().max()) for s in sites) > 64  # still uses 8-bit codes
+
+
+@pytest.mark.parametrize(("target", "scheme", "lo", "hi"), [
+    ("x86-vnni", None, -128, 127), ("arm64", None, -128, 127), ("any", "int7", -64, 64), ("x86-no-vnni", "int7", -64, 64),
+])
+def test_weight_spec_per_target(target: str, scheme: str | None, lo: int, hi: int) -> None:
+    p = get_platform("onnxruntime_int8").for_cpu(target, scheme)
+    assert (p.weight.qmin, p.weight.qmax) == (lo, hi)
+    assert p.cpu_target is CpuTarget.parse(target)
+
+
+def test_uint8_scheme_and_errors() -> None:
+    p = get_platform("onnxruntime_int8").for_cpu("any", "uint8")
+    assert (p.weight.qmin, p.weight.qmax, p.weight.signed) == (0, 255, False)
+    with pytest.raises(ConfigError, match="unknown CPU target 'pentium'"):
+        get_platform("onnxruntime_int8").for_cpu("pentium")
+    with pytest.raises(ConfigError, match="takes no CPU target"):
+        get_platform("tensorrt_int8").for_cpu("x86-vnni")
+    with pytest.raises(ConfigError, match="known for onnxruntime_int8 only"):
+        get_platform("openvino_int8").for_cpu("any", "int8-pairs")
+
+
+def test_full_range_weights_for_target_any_are_refused_naming_op_and_fix(tmp_path) -> None:
+    qm = _quantize(weight_scheme="int8")  # full int8 on target 'any': overflow-prone pairs
+    assert any(s.overflow_pairs for s in kernel_sites(qm.qgraph))
+    with pytest.raises(ExportError, match=r"targets CPU 'any'.*Conv 'conv\d'.*weight_scheme='int8-pairs'"):
+        qm.export(tmp_path / "m.onnx")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_vnni_target_file_validates_here_with_this_machines_arithmetic(tmp_path) -> None:
+    """A full-range file for VNNI CPUs: ORT here equals the executor emulating this machine's kernels."""
+    qm = _quantize(target="x86-vnni")
+    report = qm.export(tmp_path / "m.onnx")
+    assert report.validated and report.accumulation is host_accumulation() and report.validation_batches == 1
+    x = images(8, seed=7)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"), providers=["CPUExecutionProvider"])
+    got = sess.run(None, {"x": x})[0]
+    here = qm.run({"x": torch.from_numpy(x)}, accumulation=host_accumulation())["y"].numpy()
+    np.testing.assert_allclose(got, here, rtol=0, atol=1e-5)
+    exact = qm.run({"x": torch.from_numpy(x)})["y"].numpy()
+    pairwise = qm.run({"x": torch.from_numpy(x)}, accumulation=Accumulation.PAIRWISE_INT16)["y"].numpy()
+    assert np.abs(exact - pairwise).max() > 1e-3  # these weights do saturate on x86 without VNNI
+
+
+def test_pair_limited_file_is_identical_under_both_arithmetics(tmp_path) -> None:
+    qm = _quantize()
+    x = torch.from_numpy(images(8, seed=3))
+    exact = qm.run({"x": x})["y"]
+    pairwise = qm.run({"x": x}, accumulation=Accumulation.PAIRWISE_INT16)["y"]
+    assert torch.equal(exact, pairwise)
+    for site in kernel_sites(qm.qgraph):
+        assert count_overflow_pairs(site.weight_codes, site_layout(site), PAIR_LIMIT) == 0
+
+
+def site_layout(site):
+    from netquant.core.int_kernels import WeightLayout
+
+    return WeightLayout(site.kind)
+
+
+def test_cli_target_and_scheme_reach_the_weights(tmp_path) -> None:
+    model = tmp_path / "m.onnx"
+    import onnx
+
+    onnx.save(conv_net(channels=16), str(model))
+    runner = CliRunner()
+    for scheme, bound in (("int7", 64), ("int8-pairs", 128)):
+        out = tmp_path / f"q_{scheme}.onnx"
+        res = runner.invoke(cli, ["quantize", str(model), "--calib", "random", "-o", str(out), "--quiet",
+                                  "--weight-scheme", scheme, "--json", str(tmp_path / f"{scheme}.json")])
+        assert res.exit_code == 0, res.output
+        w = _int8_initializers(out)
+        biggest = max(int(np.abs(a.astype(np.int32)).max()) for a in w)
+        assert (biggest == 64) if bound == 64 else (64 < biggest <= 128)
+    res = runner.invoke(cli, ["quantize", str(model), "--calib", "random", "-o", str(tmp_path / "x.onnx"),
+                              "--target", "pentium"])
+    assert res.exit_code != 0 and "unknown CPU target 'pentium'" in res.output
+
+
+def _int8_initializers(path):
+    import onnx
+    from onnx import numpy_helper
+
+    return [numpy_helper.to_array(t) for t in onnx.load(str(path)).graph.initializer
+            if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 4]
+
+
+def test_doctor_prints_cpu_and_the_probed_family() -> None:
+    res = CliRunner().invoke(cli, ["doctor"])
+    assert res.exit_code == 0, res.output
+    assert host_accumulation().value in res.output and "onnxruntime" in res.output
