@@ -19,7 +19,8 @@ from netquant.analysis import (
     snr_db,
     worst,
 )
-from netquant.errors import ConfigError
+from netquant.errors import ConfigError, ExportError
+from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
 
@@ -158,6 +159,9 @@ class QuantizedModel:
                               f"{', '.join(f.value for f in ExportKind)}") from None
         writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
                   ExportKind.TENSORRT_CACHE: export.export_tensorrt_calib_cache}[fmt]
+        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        OutputPlan.create([("export path", path, f"{fmt.value} file")],
+                          inputs=model_files(source) if source is not None else (), error=ExportError)
         return writer(self.qgraph, path, **kwargs)
 
     def __repr__(self) -> str:
