@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +36,13 @@ def atomic_path(path: str | os.PathLike[str], what: str = "file",
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
         raise error(f"cannot write {what} '{target}': folder '{folder}' does not exist")
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    if target.is_dir():
+        raise error(f"cannot write {what} '{target}': it is a folder; give a file name")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
+    except OSError as exc:
+        raise error(f"cannot write {what} '{target}': no file can be created in folder '{folder}' "
+                    f"({exc.strerror or exc}); choose a writable folder") from exc
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -66,3 +74,28 @@ def write_bytes_atomic(path: str | os.PathLike[str], data: bytes, what: str = "f
     with atomic_path(path, what, error) as tmp:
         tmp.write_bytes(data)
     return Path(path)
+
+
+class Terminated(SystemExit):
+    """SIGTERM as an exception, so that `finally` blocks and atomic writers clean up their temp files."""
+
+
+@contextlib.contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """Within the block, SIGTERM raises Terminated (exit status 143) instead of killing the process.
+
+    Without it a terminated run leaves its hidden temp files behind; with it they are removed as on
+    Ctrl-C.  Outside the main thread (where signal handlers cannot be set) this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        raise Terminated(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

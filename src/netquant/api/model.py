@@ -20,7 +20,8 @@ from netquant.analysis import (
     worst,
 )
 from netquant.core.int_kernels import Accumulation
-from netquant.errors import ConfigError
+from netquant.errors import ConfigError, ExportError
+from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
 
@@ -165,6 +166,9 @@ class QuantizedModel:
                               f"{', '.join(f.value for f in ExportKind)}") from None
         writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
                   ExportKind.TENSORRT_CACHE: export.export_tensorrt_calib_cache}[fmt]
+        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        OutputPlan.create([("export path", path, f"{fmt.value} file")],
+                          inputs=model_files(source) if source is not None else (), error=ExportError)
         return writer(self.qgraph, path, **kwargs)
 
     def __repr__(self) -> str:

@@ -14,7 +14,7 @@ import onnx
 import torch
 
 from netquant.api.model import QuantizedModel
-from netquant.errors import ModelError
+from netquant.errors import ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx
 from netquant.passes.ptq import quantize_graph
 from netquant.passes.settings import QuantSettings
@@ -36,6 +36,20 @@ def _load(model: str | os.PathLike[str] | onnx.ModelProto | Graph) -> tuple[Grap
     raise ModelError(f"model must be a path, an onnx.ModelProto or a netquant Graph, got {type(model).__name__}")
 
 
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _check_float32(graph: Graph, source: str) -> None:
+    """UnsupportedOpError up front for a model that computes in float16 / bfloat16."""
+    halves = [f"input '{v.name}'" for v in graph.inputs if v.dtype in _HALF]
+    halves += [f"initializer '{k}'" for k, t in graph.initializers.items() if t.dtype in _HALF]
+    if halves:
+        raise UnsupportedOpError(
+            f"{source or graph.name}: the model computes in float16/bfloat16 ({', '.join(halves[:3])}"
+            f"{', ...' if len(halves) > 3 else ''}); netquant quantizes FP32 models. Convert it to FP32 first "
+            "(re-export from the framework in float32, or onnxconverter-common's float16 tools) and quantize that")
+
+
 def quantize_onnx(model: str | os.PathLike[str] | onnx.ModelProto | Graph, calib_data: Any,
                   platform: str | Platform = DEFAULT_PLATFORM, **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
@@ -46,6 +60,7 @@ def quantize_onnx(model: str | os.PathLike[str] | onnx.ModelProto | Graph, calib
     t0 = time.perf_counter()
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
+    _check_float32(graph, source)
     qgraph, timings = quantize_graph(graph, calib_data, s)
     timings = {**timings, "total": time.perf_counter() - t0}
     from netquant.passes.calib_data import CalibrationData

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import onnx
 
-from netquant.errors import ModelError
+from netquant.errors import ConfigError, ModelError
 
 RAPIDOCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
 # file names inside the wheel (rapidocr_onnxruntime/models/...)
@@ -37,12 +37,23 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "netquant"
 
 
+def _make_dir(folder: Path) -> Path:
+    """mkdir -p `folder` inside the cache; ConfigError naming it (and $NETQUANT_CACHE) when that fails."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        raise ConfigError(f"cannot use the model cache folder '{folder}' ({exc.strerror or exc}); set "
+                          "NETQUANT_CACHE to a writable folder") from exc
+    return folder
+
+
 def _fetch_wheel(wheels: Path) -> Path:
     """The cached rapidocr wheel; `pip download --no-deps` into a private temp dir, then an atomic rename."""
     found = sorted(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
     if found:
         return found[0]
-    wheels.mkdir(parents=True, exist_ok=True)
+    _make_dir(wheels)
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, RAPIDOCR_WHEEL]
         proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -60,7 +71,7 @@ def _rapidocr_dir() -> Path:
     target = cache_dir() / "rapidocr-1.4.4"
     if (target / PPOCR_MODELS["rec"]).exists():
         return target
-    wheel = _fetch_wheel(cache_dir() / "wheels")
+    wheel = _fetch_wheel(_make_dir(cache_dir()) / "wheels")
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="rapidocr-"))
     try:
         with zipfile.ZipFile(wheel) as zf:

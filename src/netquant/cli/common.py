@@ -11,12 +11,18 @@ from netquant.errors import NetquantError
 
 
 def friendly_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Show netquant errors as one red line and exit with status 1 (no traceback)."""
+    """Show netquant errors as one red line and exit with status 1 (no traceback).
+
+    SIGTERM ends the command like Ctrl-C (status 143), so temp files are removed on the way out.
+    """
 
     @wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from netquant.atomic import terminate_cleanly
+
         try:
-            return fn(*args, **kwargs)
+            with terminate_cleanly():
+                return fn(*args, **kwargs)
         except NetquantError as exc:
             from rich.console import Console
             from rich.text import Text

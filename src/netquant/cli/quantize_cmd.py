@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,11 +17,14 @@ from netquant.data.calib import (
     ChannelOrder,
     ImageOptions,
     Layout,
+    index_limits,
     load_calibration,
     model_inputs,
+    sample_count,
     split_batches,
 )
-from netquant.errors import ConfigError, DataError
+from netquant.errors import ConfigError
+from netquant.outputs import OutputPlan, model_files
 
 if TYPE_CHECKING:
     from netquant.api.model import QuantizedModel
@@ -32,9 +36,12 @@ def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
     if text is None:
         return None
     try:
-        return tuple(float(v) for v in text.replace(" ", "").split(",") if v)
+        values = tuple(float(v) for v in text.replace(" ", "").split(",") if v)
     except ValueError:
-        raise DataError(f"--{what} must be comma-separated numbers like 0.485,0.456,0.406; got '{text}'") from None
+        raise ConfigError(f"--{what} must be comma-separated numbers like 0.485,0.456,0.406; got '{text}'") from None
+    if not all(math.isfinite(v) for v in values):
+        raise ConfigError(f"--{what} '{text}' contains NaN or Inf; give finite numbers like 0.485,0.456,0.406")
+    return values
 
 
 def _check_report_path(path: Path | None) -> None:
@@ -166,17 +173,25 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    plan = OutputPlan.create(
+        [("-o", output, "ONNX model"), ("--json", json_path, "quant-params JSON"),
+         ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
+        inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else [])])
     inputs = model_inputs(model)
     opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
                         std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),
                         layout=Layout(layout.lower()), keep_aspect_pad=keep_aspect)
-    if calib == "random" and (height is None or width is None) and any(
-            inp.shape and any(not isinstance(d, int) or d <= 0 for d in inp.shape[1:]) for inp in inputs):
-        warn(console, "random calibration data fills the model's dynamic dims with 32; give --height / --width "
-                      "if the model needs another image size")
+    if calib == "random":
+        warn(console, "--calib random is a smoke test: calibration and the reported agreement describe random "
+                      "inputs, not your data")
+        if (height is None or width is None) and any(
+                inp.shape and any(not isinstance(d, int) or d <= 0 for d in inp.shape[1:]) for inp in inputs):
+            warn(console, "random calibration data fills the model's dynamic dims with 32; give --height / "
+                          "--width if the model needs another image size")
     with console.status("loading calibration data"):
-        data = load_calibration(calib, inputs, image_options=opts, limit=num_calib, seed=seed)
-    samples = len(next(iter(data.values())))
+        data = load_calibration(calib, inputs, image_options=opts, limit=num_calib, seed=seed,
+                                index_limits=index_limits(model) if calib == "random" else None)
+    samples = sample_count(data)
     t_data = time.perf_counter()
     settings = {"batch_size": batch_size, "strict": strict, "quiet": quiet,
                 "force_fp32": tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())}
@@ -195,23 +210,26 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     for w in messages:
         warn(console, w)
     t_quant = time.perf_counter()
-    with console.status(f"exporting and validating {output}"):
-        report = export_qdq(qmodel.qgraph, output, opset=opset)
-    extra = []
-    if json_path is not None:
-        extra.append(export_quant_params_json(qmodel.qgraph, json_path))
-    if trt_cache is not None:
-        extra.append(export_trt_calibration_cache(qmodel.qgraph, trt_cache))
-    if report_path is not None:
-        with console.status(f"writing per-layer report {report_path}"):
-            extra.append(write_layer_report(qmodel, report_path, f"per-layer quantization error: {model.name} on "
-                                                                 f"{platform.name}"))
+    extra = [p for p in (json_path, trt_cache, report_path) if p is not None]
+    with plan.staged() as stage:
+        with console.status(f"exporting and validating {output}"):
+            # the first calibration batch validates the export (no random batch for dynamic shapes)
+            report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset, sample=batches[0]))
+        if json_path is not None:
+            stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
+        if trt_cache is not None:
+            stage.write("--trt-cache", lambda p: export_trt_calibration_cache(qmodel.qgraph, p))
+        if report_path is not None:
+            with console.status(f"writing per-layer report {report_path}"):
+                title = f"per-layer quantization error: {model.name} on {platform.name}"
+                stage.write("--report", lambda p: write_layer_report(qmodel, p, title))
     t_end = time.perf_counter()
     summary = qmodel.summary()
     facts = RunFacts(
         model=model, output=output, platform=platform.name, samples=samples, ops_total=summary["ops"],
         ops_quantized=summary["quantized_ops"], by_type=summary["quantized_by_type"],
-        int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq, fp32_bytes=model.stat().st_size, int8_bytes=report.size_bytes,
+        int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq,
+        fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=output.stat().st_size,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
         cosine=report.output_cosine,
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,

@@ -58,8 +58,15 @@ class ImageOptions:
     def __post_init__(self) -> None:
         if len(self.mean) != len(self.std):
             raise DataError(f"mean has {len(self.mean)} values but std has {len(self.std)}; give one per channel")
+        if not all(np.isfinite(v) for v in (*self.mean, *self.std)):
+            raise DataError(f"mean {self.mean} / std {self.std} contain NaN or Inf; give finite numbers")
         if any(s == 0 for s in self.std):
             raise DataError(f"std {self.std} contains 0; every channel's std must be non-zero")
+        with np.errstate(over="ignore", divide="ignore"):  # pixel/255 - mean in [-|mean|-1, |mean|+1]
+            bound = (np.float32(1) + np.abs(np.float32(self.mean))) / np.abs(np.float32(self.std))
+        if not np.isfinite(bound).all():
+            raise DataError(f"std {self.std} is too close to 0 for float32 (pixel values would become Inf); "
+                            "give std of the pixel/255 values, like 0.229,0.224,0.225")
 
 
 def model_inputs(model_path: str | Path) -> list[ModelInput]:
@@ -73,18 +80,67 @@ def model_inputs(model_path: str | Path) -> list[ModelInput]:
         model = onnx.load(str(model_path), load_external_data=False)
     except Exception as exc:
         raise ModelError(f"cannot read ONNX model '{model_path}': {exc}") from exc
+    if not model.HasField("graph"):
+        raise ModelError(f"'{model_path}' holds no ONNX graph (an empty or non-ONNX file?); give an .onnx model")
     inits = {t.name for t in model.graph.initializer}
     out = []
     for v in model.graph.input:
         if v.name in inits:
             continue
+        if v.type.WhichOneof("value") != "tensor_type":
+            raise ModelError(f"'{model_path}': input '{v.name}' is not a tensor "
+                             f"({v.type.WhichOneof('value') or 'no type'}); netquant calibrates tensor inputs only")
         tt = v.type.tensor_type
         shape = None
         if tt.HasField("shape"):
             shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None) for d in tt.shape.dim)
-        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
+        try:
+            dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tt.elem_type)) if tt.elem_type else np.dtype(np.float32)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ModelError(f"'{model_path}': input '{v.name}' has element type {tt.elem_type}, which has no "
+                             "numpy equivalent; netquant cannot feed it") from exc
         out.append(ModelInput(v.name, shape, dtype))
+    if not out:
+        raise ModelError(f"'{model_path}' has no graph inputs, so there is nothing to calibrate; give a model "
+                         "that takes input")
     return out
+
+
+def index_limits(model_path: str | Path) -> dict[str, int]:
+    """Integer model inputs used as Gather indices into a constant table (token ids into an embedding),
+    mapped to the table's size on the gathered axis: random calibration draws ids below it."""
+    import onnx
+
+    try:
+        graph = onnx.load(str(model_path), load_external_data=False).graph
+    except Exception:  # noqa: BLE001 - model_inputs reports unreadable models
+        return {}
+    tables = {t.name: list(t.dims) for t in graph.initializer}
+    for n in graph.node:  # Constant tables too
+        if n.op_type == "Constant" and n.output:
+            for a in n.attribute:
+                if a.name == "value" and a.HasField("t"):
+                    tables[n.output[0]] = list(a.t.dims)
+    aliases = {i.name: i.name for i in graph.input}
+    for n in graph.node:  # an id input is often cast or reshaped first
+        if n.op_type in ("Cast", "Reshape", "Unsqueeze", "Squeeze", "Identity", "Flatten") and n.input \
+                and n.input[0] in aliases and n.output:
+            aliases[n.output[0]] = aliases[n.input[0]]
+    limits: dict[str, int] = {}
+    for n in graph.node:
+        if n.op_type != "Gather" or len(n.input) < 2 or n.input[0] not in tables or n.input[1] not in aliases:
+            continue
+        dims = tables[n.input[0]]
+        axis = next((int(a.i) for a in n.attribute if a.name == "axis"), 0)
+        if dims and -len(dims) <= axis < len(dims) and dims[axis] > 0:
+            name = aliases[n.input[1]]
+            limits[name] = min(limits.get(name, dims[axis]), dims[axis])
+    return limits
+
+
+def sample_count(data: dict[str, np.ndarray]) -> int:
+    """Number of samples in stacked calibration data (0 for no inputs)."""
+    return min((len(v) for v in data.values()), default=0)
 
 
 def _static(dim: int | str | None) -> int | None:
@@ -237,12 +293,16 @@ def load_arrays(path: str | Path, inputs: Sequence[ModelInput], limit: int | Non
 
 
 def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0, dynamic_dim: int = 32,
-                image_options: ImageOptions | None = None) -> dict[str, np.ndarray]:
-    """Standard-normal float (or 0/1 integer) samples: a smoke test, not a real calibration.
+                image_options: ImageOptions | None = None,
+                index_limits: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Standard-normal float (or integer) samples: a smoke test, not a real calibration.
 
-    Dynamic dims other than the batch dim take `dynamic_dim`; for 4-d inputs the height / width of
-    `image_options` (when given) fill the spatial dims of its layout.
+    Integer inputs named in `index_limits` (see index_limits(): token ids) draw uniformly below their
+    limit, other integer inputs 0 or 1, booleans False / True.  Dynamic dims other than the batch dim take
+    `dynamic_dim`; for 4-d inputs the height / width of `image_options` (when given) fill the spatial
+    dims of its layout.
     """
+    limits = index_limits or {}
     rng = np.random.default_rng(seed)
     out = {}
     for inp in inputs:
@@ -257,18 +317,26 @@ def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0, dyn
                 dims[w_axis] = image_options.width
         if np.issubdtype(inp.dtype, np.floating):
             out[inp.name] = rng.standard_normal(dims).astype(inp.dtype)
+        elif np.issubdtype(inp.dtype, np.integer) or inp.dtype == np.bool_:
+            high = max(1, limits.get(inp.name, 2)) if inp.dtype != np.bool_ else 2
+            out[inp.name] = rng.integers(0, high, dims).astype(inp.dtype)
         else:
-            out[inp.name] = rng.integers(0, 2, dims).astype(inp.dtype)
+            raise DataError(f"random data cannot fill input {inp.describe()}; give .npy/.npz calibration files")
     return out
 
 
 def load_calibration(source: str | Path, inputs: Sequence[ModelInput], *, image_options: ImageOptions | None = None,
-                     limit: int | None = None, seed: int = 0) -> dict[str, np.ndarray]:
-    """Calibration samples from `source`: 'random', an image folder, or .npy/.npz file(s)."""
+                     limit: int | None = None, seed: int = 0,
+                     index_limits: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """Calibration samples from `source`: 'random', an image folder, or .npy/.npz file(s).
+
+    index_limits: for 'random', the id range of integer inputs (see index_limits()).
+    """
     if limit is not None and limit < 1:
         raise DataError(f"the number of calibration samples must be >= 1, got {limit}")
     if str(source) == "random":
-        return random_data(inputs, count=limit or 8, seed=seed, image_options=image_options)
+        return random_data(inputs, count=limit or 8, seed=seed, image_options=image_options,
+                           index_limits=index_limits)
     path = Path(source)
     if not path.exists():
         raise DataError(f"calibration data '{path}' does not exist; give a folder of images, .npy/.npz "

@@ -81,10 +81,18 @@ def build_qdq_model(qmodel: Any, *, opset: int | None = None,
     When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
     """
     from netquant.graph import to_onnx
+    from netquant.graph.save import fill_output_shapes
 
     qgraph = unwrap(qmodel)
     check_deployable(qgraph)
-    fp32 = to_onnx(qgraph.graph)
+    fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
+    fill_output_shapes(fp32, qgraph.graph)
+    if fp32.ir_version < 4:  # IR 3 lists every initializer among the inputs; IR 4 on needs no such copies
+        inits = {t.name for t in fp32.graph.initializer}
+        inputs = [v for v in fp32.graph.input if v.name not in inits]
+        del fp32.graph.input[:]
+        fp32.graph.input.extend(inputs)
+        fp32.ir_version = 4
     source = ai_onnx_opset(fp32)
     need = required_opset(qgraph)
     if opset is not None and opset < need:
@@ -101,6 +109,9 @@ def build_qdq_model(qmodel: Any, *, opset: int | None = None,
         model.CopyFrom(fp32)
     builder = QdqBuilder(qgraph, model)
     model = builder.build()
+    # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
+    model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
+                                                                                 ignore_unknown=True))
     lower_ir_version(model)
     model.producer_name, model.producer_version = "netquant", _version()
     platform = getattr(qgraph.platform, "name", "")
@@ -144,7 +155,7 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
             check_model(model, where)
         onnx.save(model, str(tmp))
         if validate:
-            sess = ort_session(str(tmp), where)
+            sess = _ort_session(model, tmp, where)
             agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
                                               max_error_ratio)
     target = Path(path)
@@ -163,7 +174,37 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
 
 
+ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc",
+               "ai.onnx.preview.training", "ai.onnx.training")
+
+
+def _ort_session(model: onnx.ModelProto, tmp: Path, where: str) -> Any:
+    """ort_session on the temp file, its errors naming the user's path and the ops onnxruntime cannot load."""
+    local = {(f.domain, f.name) for f in model.functions}
+    custom = [n for g in _graphs(model.graph) for n in g.node
+              if n.domain not in ORT_DOMAINS and (n.domain, n.op_type) not in local]
+    if custom:
+        names = ", ".join(f"'{n.name}' ({n.domain}::{n.op_type})" for n in custom[:5])
+        raise ExportError(f"exported model for '{where}' cannot be validated: onnxruntime has no kernel for "
+                          f"custom-domain node(s) {names}. Keep them out of the model, or export without "
+                          "validation (Python: export(..., validate=False)) for an engine that implements them")
+    try:
+        return ort_session(str(tmp), where)
+    except ExportError as exc:
+        message = str(exc).replace(str(tmp.resolve()), where).replace(str(tmp), where)
+        raise ExportError(message) from exc.__cause__
+
+
+def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
+    out = [graph]
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out.extend(_graphs(g))
+    return out
+
+
 def _fp32_bytes(qgraph: Any) -> int:
     from netquant.graph import to_onnx
 
-    return to_onnx(qgraph.graph).ByteSize()
+    return to_onnx(qgraph.graph, check=False).ByteSize()

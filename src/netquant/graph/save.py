@@ -136,6 +136,25 @@ def to_onnx(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
     return model
 
 
+def fill_output_shapes(model: onnx.ModelProto, graph: Graph) -> list[str]:
+    """Give main-graph outputs declared without a shape (legal, rank unknown) the shape shape inference
+    found, as onnx.checker requires for a model's outputs; returns the outputs whose rank stays unknown."""
+    unknown = []
+    for vi in model.graph.output:
+        tt = vi.type.tensor_type if vi.type.WhichOneof("value") == "tensor_type" else None
+        if tt is None or tt.HasField("shape"):
+            continue
+        inferred = graph.value_info.get(vi.name)
+        if inferred is None or inferred.shape is None:
+            unknown.append(vi.name)
+            continue
+        elem = tt.elem_type
+        vi.CopyFrom(value_to_proto(inferred))
+        if elem:
+            vi.type.tensor_type.elem_type = elem
+    return unknown
+
+
 def check_model(model: onnx.ModelProto, where: str) -> None:
     """onnx.checker on a model (via a temp file above the 2 GiB protobuf limit); ModelError if invalid."""
     try:

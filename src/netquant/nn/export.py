@@ -108,6 +108,7 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
     was_training = model.training
     model.eval()
     try:
+        _check_example(model, args)
         stashed = _install_plans(model, opset)
     except BaseException:
         model.train(was_training)
@@ -144,6 +145,18 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
         model.train(was_training)
     _write_atomically(proto, path)
     return path
+
+
+def _check_example(model: nn.Module, args: tuple[Any, ...]) -> None:
+    """Run the model once on the example, so a wrong example fails here in one line, not in torch.onnx's log."""
+    try:
+        with torch.no_grad():
+            model(*args)
+    except Exception as exc:  # noqa: BLE001 - whatever the forward raises, the example does not fit
+        shapes = ", ".join(str(list(a.shape)) if isinstance(a, torch.Tensor) else type(a).__name__ for a in args)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ExportError(f"export_onnx: {type(model).__name__} cannot run on the example inputs ({shapes}): "
+                          f"{type(exc).__name__}: {first}; give example_inputs of the shape the model takes") from exc
 
 
 def _write_atomically(proto: onnx.ModelProto, path: Path) -> None:

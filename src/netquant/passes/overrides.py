@@ -104,9 +104,15 @@ def resolve_overrides(graph: Graph, force_fp32: Iterable[str | OpSelector] = (),
         out.append(o)
     for o in out:
         if not any(o.select.matches(n) for n in graph.nodes):
-            types = sorted({n.op_type for n in graph.nodes})
+            if o.select.op_type is not None:
+                types = sorted({n.op_type for n in graph.nodes})
+                present = f"op types present: {', '.join(types)}"
+            else:
+                names = [n.name for n in graph.nodes]
+                present = f"node names present: {', '.join(names[:20])}" + (
+                    f", ... ({len(names)} in all)" if len(names) > 20 else "")
             raise ConfigError(f"override selector {o.select.describe()} matches no op in graph "
-                              f"'{graph.name}'; op types present: {', '.join(types)}")
+                              f"'{graph.name}'; {present}")
     return out
 
 
