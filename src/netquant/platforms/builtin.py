@@ -82,8 +82,12 @@ ONNXRUNTIME_INT8 = Platform(
     weight_observer="minmax",
     export_format=ExportFormat.ONNX_QDQ,
     min_opset=13,
+    # target 'any' (every x86-64 / ARM64 CPU) needs weights without int16 pair saturation; measured
+    # (benchmarks/results/weight_schemes.md, PP-OCRv4 rec / cls): 7-bit weights keep the most accuracy under both
+    # arithmetics at full int8 speed; pair-limited int8 loses more, uint8 weights run 20% slower
     cpu_target=CpuTarget.ANY,
-    safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
+    safe_weight_scheme=WeightScheme.INT7,
+    knows_weight_packing=True,
 )
 
 

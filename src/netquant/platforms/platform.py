@@ -200,6 +200,7 @@ class Platform:
     cpu_target: CpuTarget | None = None
     weight_scheme: WeightScheme | None = None
     safe_weight_scheme: WeightScheme = WeightScheme.INT7
+    knows_weight_packing: bool = False  # the engine's u8 x s8 K order is known (weight_layout): int8-pairs possible
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
@@ -268,7 +269,7 @@ class Platform:
             chosen = WeightScheme.parse(scheme)
         else:
             chosen = self.safe_weight_scheme if needs_saturation_free_weights(cpu) else WeightScheme.INT8
-        if chosen is WeightScheme.INT8_PAIR_LIMITED and self.safe_weight_scheme is not WeightScheme.INT8_PAIR_LIMITED:
+        if chosen is WeightScheme.INT8_PAIR_LIMITED and not self.knows_weight_packing:
             raise ConfigError(f"platform '{self.name}': weight scheme '{chosen.value}' needs the engine's weight "
                               "packing order, known for onnxruntime_int8 only; use 'int7' or 'uint8'")
         weight, hook = self.weight, self.op_hook
