@@ -13,6 +13,7 @@ import functools
 import os
 import platform as _platform
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from netquant.core.int_kernels import INT16_MAX, Accumulation
 from netquant.errors import ConfigError
@@ -32,14 +33,7 @@ class CpuTarget(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: CpuTarget | str) -> CpuTarget:
-        if isinstance(value, CpuTarget):
-            return value
-        key = str(value).strip().lower().replace("_", "-")
-        try:
-            return cls(key)
-        except ValueError:
-            raise ConfigError(f"unknown CPU target '{value}'; choose one of "
-                              f"{', '.join(t.value for t in cls)}") from None
+        return _parse(cls, value, "CPU target")
 
 
 class WeightScheme(enum.StrEnum):
@@ -52,18 +46,24 @@ class WeightScheme(enum.StrEnum):
 
     @classmethod
     def parse(cls, value: WeightScheme | str) -> WeightScheme:
-        if isinstance(value, WeightScheme):
-            return value
-        key = str(value).strip().lower().replace("_", "-")
-        try:
-            return cls(key)
-        except ValueError:
-            raise ConfigError(f"unknown weight scheme '{value}'; choose one of "
-                              f"{', '.join(s.value for s in cls)}") from None
+        return _parse(cls, value, "weight scheme")
 
     @property
     def saturation_free(self) -> bool:
         return self is not WeightScheme.INT8
+
+
+E = TypeVar("E", bound=enum.StrEnum)
+
+
+def _parse(cls: type[E], value: E | str, what: str) -> E:
+    """An enum member from itself or its value ('_' and '-' alike, any case); ConfigError listing the choices."""
+    if isinstance(value, cls):
+        return value
+    try:
+        return cls(str(value).strip().lower().replace("_", "-"))
+    except ValueError:
+        raise ConfigError(f"unknown {what} '{value}'; choose one of {', '.join(m.value for m in cls)}") from None
 
 
 def accumulations_of(target: CpuTarget) -> frozenset[Accumulation]:
