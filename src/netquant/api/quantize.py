@@ -23,17 +23,21 @@ from netquant.platforms import Platform
 DEFAULT_PLATFORM = "onnxruntime_int8"
 
 
-def _load(model: str | os.PathLike[str] | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
     if isinstance(model, Graph):
         return model.copy(), model.name
     if isinstance(model, onnx.ModelProto):
         return load_onnx(model), model.graph.name
+    if isinstance(model, bytes):
+        graph = load_onnx(model)
+        return graph, graph.name
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
             raise ModelError(f"model file '{path}' does not exist")
         return load_onnx(str(path)), str(path)
-    raise ModelError(f"model must be a path, an onnx.ModelProto or a netquant Graph, got {type(model).__name__}")
+    raise ModelError(f"model must be a path, serialized ONNX bytes, an onnx.ModelProto or a netquant Graph, got "
+                     f"{type(model).__name__}")
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -50,7 +54,7 @@ def _check_float32(graph: Graph, source: str) -> None:
             "(re-export from the framework in float32, or onnxconverter-common's float16 tools) and quantize that")
 
 
-def quantize_onnx(model: str | os.PathLike[str] | onnx.ModelProto | Graph, calib_data: Any,
+def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
                   platform: str | Platform = DEFAULT_PLATFORM, **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
 

@@ -277,7 +277,12 @@ def load_arrays(path: str | Path, inputs: Sequence[ModelInput], limit: int | Non
                                     f"after the inputs: {', '.join(i.describe() for i in inputs)}")
                 mapping = {i.name: i.name for i in inputs}
             for inp in inputs:
-                parts[inp.name].append(_check_array(loaded[mapping[inp.name]], inp, f"'{f}' [{mapping[inp.name]}]"))
+                try:
+                    arr = loaded[mapping[inp.name]]
+                except (ValueError, OSError, EOFError) as exc:  # object arrays (pickles), corrupt members
+                    raise DataError(f"cannot read array '{mapping[inp.name]}' of '{f}': {exc}; save plain numeric "
+                                    "arrays (np.savez with float32 / integer arrays)") from exc
+                parts[inp.name].append(_check_array(arr, inp, f"'{f}' [{mapping[inp.name]}]"))
     out: dict[str, np.ndarray] = {}
     for inp in inputs:
         try:
@@ -303,6 +308,7 @@ def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0, dyn
     dims of its layout.
     """
     limits = index_limits or {}
+    max_elements = 2**26  # 256 MiB of float32 per input: beyond that random data is a mistake, not a smoke test
     rng = np.random.default_rng(seed)
     out = {}
     for inp in inputs:
@@ -315,6 +321,10 @@ def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0, dyn
                 dims[h_axis] = image_options.height
             if _static(inp.shape[w_axis]) is None and image_options.width:
                 dims[w_axis] = image_options.width
+        if any(d < 0 for d in dims) or int(np.prod(dims, dtype=np.float64)) > max_elements:
+            raise DataError(f"random data for input {inp.describe()} would be {count} x {dims[1:]} = "
+                            f"{int(np.prod(dims, dtype=np.float64)):.3g} values (limit {max_elements}); lower "
+                            "--num-calib or give .npy/.npz calibration files")
         if np.issubdtype(inp.dtype, np.floating):
             out[inp.name] = rng.standard_normal(dims).astype(inp.dtype)
         elif np.issubdtype(inp.dtype, np.integer) or inp.dtype == np.bool_:

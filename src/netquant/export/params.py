@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from netquant.atomic import write_text_atomic
+from netquant.errors import ExportError
 from netquant.export.configs import emits, iter_slots, params_of, root, unwrap
 
 
@@ -75,7 +76,13 @@ def quant_params(qmodel: Any) -> dict[str, Any]:
 
 def export_quant_params_json(qmodel: Any, path: str | os.PathLike[str]) -> Path:
     """Write quant_params(qmodel) as indented JSON, whole or not at all."""
-    text = json.dumps(quant_params(qmodel), indent=1, allow_nan=False) + "\n"
+    params = quant_params(qmodel)
+    try:
+        text = json.dumps(params, indent=1, allow_nan=False) + "\n"
+    except ValueError as exc:  # a NaN / Inf scale or range: calibration saw activations beyond float32
+        bad = [r["tensor"] for r in params["configs"] if "NaN" in json.dumps(r) or "Infinity" in json.dumps(r)]
+        raise ExportError(f"quant-params JSON '{path}': tensors {bad[:5] or '?'} have non-finite scales or ranges "
+                          "(calibration saw Inf activations); calibrate on data in the model's range") from exc
     return write_text_atomic(path, text, "quant-params JSON")
 
 

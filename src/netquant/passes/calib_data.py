@@ -32,9 +32,13 @@ def _to_tensor(x: Any, what: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
         return x.detach()
     if isinstance(x, np.ndarray):
-        if x.dtype == object:
-            raise DataError(f"{what}: numpy object arrays cannot be used; give a numeric array")
-        return torch.from_numpy(np.ascontiguousarray(x))
+        if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
+            raise DataError(f"{what}: numpy arrays of dtype {x.dtype} cannot be used; give a numeric array")
+        try:
+            return torch.from_numpy(np.ascontiguousarray(x))
+        except TypeError as exc:  # numeric dtypes torch lacks (e.g. ml_dtypes' float8, int4)
+            raise DataError(f"{what}: numpy arrays of dtype {x.dtype} cannot be used ({exc}); give a "
+                            "float32 or integer array") from exc
     if isinstance(x, (list, tuple)) and x and all(isinstance(v, (int, float)) for v in x):
         return torch.tensor(x)
     raise DataError(f"{what}: expected a numpy array or torch tensor, got {type(x).__name__}")

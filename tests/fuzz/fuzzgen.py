@@ -1,0 +1,559 @@
+"""Seeded generator of malformed and unusual ONNX models and calibration data, and the driver that runs them.
+
+Every case goes through one of four front doors (the loader, the executor, quantize_onnx + export, the
+`netquant quantize` command) and ends in an Outcome.  Good outcomes: a result (which onnxruntime agrees
+with, where onnxruntime runs the model) or a NetquantError subclass.  Bad ones: any other exception, a
+hang, a disagreement with onnxruntime, or a file left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from netquant.errors import NetquantError
+
+
+class Category(enum.StrEnum):
+    """What a case does to the model or the data."""
+
+    VALID = "valid model, valid data"
+    TRUNCATED = "truncated bytes"
+    BIT_FLIP = "bit flips"
+    MISSING_FIELD = "missing fields"
+    WRONG_TYPE = "wrong types"
+    CYCLE = "cycles"
+    DANGLING = "dangling inputs"
+    HUGE_DIM = "huge dims"
+    ZERO_SIZE = "zero-size tensors"
+    ODD_DTYPE = "odd dtypes"
+    UNKNOWN_OP = "unknown ops and domains"
+    SUBGRAPH = "nested subgraphs"
+    DATA_NAN_INF = "data: NaN / Inf"
+    DATA_DENORMAL = "data: denormals"
+    DATA_CONSTANT = "data: constant"
+    DATA_EMPTY = "data: empty"
+    DATA_WRONG_RANK = "data: wrong rank"
+    DATA_WRONG_DTYPE = "data: wrong dtype"
+
+
+class Door(enum.StrEnum):
+    """Where the case enters netquant."""
+
+    LOADER = "loader"
+    EXECUTOR = "executor"
+    QUANTIZE = "quantize_onnx + export"
+    CLI = "netquant quantize"
+
+
+class Outcome(enum.StrEnum):
+    OK = "result (ORT agrees)"
+    OK_ORT_REFUSES = "result (ORT refuses the model)"
+    NETQUANT_ERROR = "NetquantError"
+    OTHER_EXCEPTION = "other exception"
+    HANG = "hang"
+    DISAGREES = "disagrees with ORT"
+    LEFTOVER = "leftover file"
+
+    @property
+    def good(self) -> bool:
+        return self in (Outcome.OK, Outcome.OK_ORT_REFUSES, Outcome.NETQUANT_ERROR)
+
+
+@dataclass
+class Case:
+    """One fuzz case: model bytes, optional calibration data, the door it goes through."""
+
+    seed: int
+    category: Category
+    door: Door
+    what: str
+    model: bytes
+    data: dict[str, Any] | None = None
+
+
+@dataclass
+class Result:
+    case: Case
+    outcome: Outcome
+    detail: str = ""
+    seconds: float = 0.0
+
+
+# ---- base models ----------------------------------------------------------------------------------
+
+def _f32(rng: np.random.Generator, *shape: int, scale: float = 0.3) -> np.ndarray:
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
+           inits: list[onnx.TensorProto], opset: int = 13) -> onnx.ModelProto:
+    model = helper.make_model(helper.make_graph(nodes, "fuzz", inputs, outputs, inits),
+                              opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def conv_model(rng: np.random.Generator) -> onnx.ModelProto:
+    c = int(rng.integers(2, 5))
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2", pads=[1, 1, 1, 1])]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 6, 6])],
+                  [numpy_helper.from_array(_f32(rng, c, 3, 3, 3), "w1"), numpy_helper.from_array(_f32(rng, c), "b1"),
+                   numpy_helper.from_array(_f32(rng, c, c, 3, 3), "w2")])
+
+
+def gemm_model(rng: np.random.Generator) -> onnx.ModelProto:
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["h"], name="fc", transB=1),
+             helper.make_node("Sigmoid", ["h"], ["s"], name="sig"),
+             helper.make_node("Mul", ["h", "s"], ["y"], name="swish")]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6])],
+                  [numpy_helper.from_array(_f32(rng, 6, 8), "w"), numpy_helper.from_array(_f32(rng, 6), "b")])
+
+
+def if_model(rng: np.random.Generator) -> onnx.ModelProto:
+    """Relu or Neg of x, chosen by ReduceSum(x) > 0: two nested subgraphs."""
+    then = helper.make_graph([helper.make_node("Relu", ["x"], ["t"], name="then_relu")], "then", [],
+                             [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 4])])
+    other = helper.make_graph([helper.make_node("Neg", ["x"], ["e"], name="else_neg")], "else", [],
+                              [helper.make_tensor_value_info("e", TensorProto.FLOAT, [1, 4])])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["s"], name="sum", keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"], name="gt"),
+             helper.make_node("If", ["cond"], ["y"], name="branch", then_branch=then, else_branch=other)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                  [numpy_helper.from_array(np.zeros((), np.float32), "zero")])
+
+
+BASES: dict[str, Callable[[np.random.Generator], onnx.ModelProto]] = {
+    "conv": conv_model, "gemm": gemm_model, "if": if_model}
+
+
+def feeds_for(model: onnx.ModelProto, rng: np.random.Generator, batch: int = 1) -> dict[str, np.ndarray]:
+    """Random inputs for a model's declared inputs (dynamic dims = batch for dim 0, else 4; a declared dim
+    above 64 gets 4 too: what a user could feed a model that claims a huge dim)."""
+    inits = {t.name for t in model.graph.initializer}
+    out = {}
+    for v in model.graph.input:
+        if v.name in inits:
+            continue
+        tt = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value <= 64 else (batch if i == 0 else 4)
+                for i, d in enumerate(tt.shape.dim)]
+        try:
+            dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type) if tt.elem_type else np.float32
+        except KeyError:  # an elem_type onnx does not know: a user would feed float32
+            dtype = np.float32
+        arr = rng.standard_normal(dims) if np.issubdtype(dtype, np.floating) else rng.integers(0, 3, dims)
+        out[v.name] = np.asarray(arr).astype(dtype)
+    return out
+
+
+# ---- mutations ------------------------------------------------------------------------------------
+
+def _truncate(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, bytes]:
+    raw = m.SerializeToString()
+    cut = int(rng.integers(0, len(raw)))
+    return f"first {cut} of {len(raw)} bytes", raw[:cut]
+
+
+def _bit_flip(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, bytes]:
+    raw = bytearray(m.SerializeToString())
+    k = int(rng.integers(1, 4))
+    for _ in range(k):
+        i = int(rng.integers(0, len(raw)))
+        raw[i] ^= 1 << int(rng.integers(0, 8))
+    return f"{k} bit(s) flipped", bytes(raw)
+
+
+def _missing_field(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    choice = int(rng.integers(0, 7))
+    g = m.graph
+    if choice == 0:
+        m.ClearField("graph")
+        return "no graph", m
+    if choice == 1:
+        g.node[int(rng.integers(0, len(g.node)))].ClearField("op_type")
+        return "node without op_type", m
+    if choice == 2:
+        del g.output[:]
+        return "graph without outputs", m
+    if choice == 3:
+        g.initializer[0].ClearField("name") if g.initializer else g.input[0].ClearField("name")
+        return "initializer / input without name", m
+    if choice == 4:
+        del m.opset_import[:]
+        return "no opset_import", m
+    if choice == 5:
+        g.input[0].type.tensor_type.ClearField("elem_type")
+        return "input without elem_type", m
+    g.input[0].ClearField("type")
+    return "input without type", m
+
+
+def _wrong_type(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    g = m.graph
+    choice = int(rng.integers(0, 4))
+    if choice == 0 and g.initializer:
+        t = g.initializer[0]
+        arr = numpy_helper.to_array(t)
+        t.CopyFrom(numpy_helper.from_array(arr.astype(np.int32), t.name))
+        return f"initializer '{t.name}' as int32", m
+    if choice == 1:
+        g.input[0].type.tensor_type.elem_type = TensorProto.STRING
+        return "input typed string", m
+    if choice == 2:
+        n = g.node[int(rng.integers(0, len(g.node)))]
+        n.attribute.append(helper.make_attribute("alpha", "not a float"))
+        return f"node '{n.name}' with a string attribute 'alpha'", m
+    g.output[0].type.tensor_type.elem_type = TensorProto.INT64
+    return "output declared int64", m
+
+
+def _cycle(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    g = m.graph
+    if len(g.node) >= 2 and rng.integers(0, 2):
+        first, last = g.node[0], g.node[len(g.node) - 1]
+        first.input[0] = last.output[0]
+        return f"'{first.name}' reads the output of '{last.name}'", m
+    n = g.node[0]
+    n.input[0] = n.output[0]
+    return f"'{n.name}' reads its own output", m
+
+
+def _dangling(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    g = m.graph
+    n = g.node[int(rng.integers(0, len(g.node)))]
+    if rng.integers(0, 2):
+        n.input[int(rng.integers(0, len(n.input)))] = "nowhere"
+        return f"'{n.name}' reads an undefined value", m
+    g.output[0].name = "not_produced"
+    return "graph output nobody produces", m
+
+
+def _huge_dim(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    g = m.graph
+    shaped = [t for t in g.initializer if t.dims]
+    if rng.integers(0, 2) and shaped:
+        t = shaped[0]
+        t.dims[0] = 2**40
+        return f"initializer '{t.name}' claims dim 2**40 (data is small)", m
+    dims = g.input[0].type.tensor_type.shape.dim
+    dims[len(dims) - 1].dim_value = 2**31 + int(rng.integers(0, 9))
+    return "input with a > 2**31 dim", m
+
+
+def _zero_size(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    g = m.graph
+    shaped = [t for t in g.initializer if t.dims]
+    if rng.integers(0, 2) and shaped:
+        t = shaped[0]
+        shape = list(numpy_helper.to_array(t).shape)
+        shape[0] = 0
+        t.CopyFrom(numpy_helper.from_array(np.zeros(shape, np.float32), t.name))
+        return f"initializer '{t.name}' with a 0 dim", m
+    g.input[0].type.tensor_type.shape.dim[0].dim_value = 0
+    return "input with batch dim 0", m
+
+
+ODD_TYPES = [TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE, TensorProto.INT8, TensorProto.UINT64,
+             TensorProto.BOOL, TensorProto.COMPLEX64, TensorProto.FLOAT8E4M3FN, TensorProto.INT4, 999]
+
+
+def _odd_dtype(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    t = ODD_TYPES[int(rng.integers(0, len(ODD_TYPES)))]
+    g = m.graph
+    g.input[0].type.tensor_type.elem_type = t
+    if rng.integers(0, 2):
+        g.output[0].type.tensor_type.elem_type = t
+    return f"input typed {helper.tensor_dtype_to_string(t) if t != 999 else 'elem_type 999'}", m
+
+
+def _unknown_op(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    g = m.graph
+    n = g.node[int(rng.integers(0, len(g.node)))]
+    if rng.integers(0, 2):
+        n.op_type = "NoSuchOp"
+        return f"'{n.name}' is 'NoSuchOp'", m
+    n.domain = "com.example.custom"
+    m.opset_import.append(helper.make_opsetid("com.example.custom", 1))
+    return f"'{n.name}' in domain com.example.custom", m
+
+
+def _subgraph(m: onnx.ModelProto, rng: np.random.Generator) -> tuple[str, onnx.ModelProto]:
+    """Wrap the whole graph in an If (both branches) or break a branch of the If model."""
+    if any(n.op_type == "If" for n in m.graph.node):
+        n = next(n for n in m.graph.node if n.op_type == "If")
+        branch = n.attribute[int(rng.integers(0, len(n.attribute)))].g
+        choice = int(rng.integers(0, 3))
+        if choice == 0:
+            branch.node[0].input[0] = "undefined_outer"
+            return "If branch reads an undefined outer value", m
+        if choice == 1:
+            del branch.output[:]
+            return "If branch without outputs", m
+        branch.node[0].op_type = "NoSuchOp"
+        return "If branch with an unknown op", m
+    g = m.graph
+    inner = helper.make_graph(list(g.node), "inner", [], list(g.output))
+    inner2 = helper.make_graph([helper.make_node("Identity", [g.output[0].name], ["alt"], name="alt")]
+                               if rng.integers(0, 2) else list(g.node), "inner2", [],
+                               [helper.make_tensor_value_info("alt", TensorProto.FLOAT, None)]
+                               if rng.integers(0, 2) else list(g.output))
+    cond = numpy_helper.from_array(np.array(bool(rng.integers(0, 2))), "cond")
+    out = onnx.ValueInfoProto()
+    out.CopyFrom(g.output[0])
+    out.name = "wrapped"
+    del g.node[:]
+    g.node.append(helper.make_node("If", ["cond"], ["wrapped"], name="wrap", then_branch=inner, else_branch=inner2))
+    g.initializer.append(cond)
+    del g.output[:]
+    g.output.append(out)
+    return "graph nested inside an If", m
+
+
+MUTATIONS: dict[Category, Callable[[onnx.ModelProto, np.random.Generator], tuple[str, Any]]] = {
+    Category.TRUNCATED: _truncate, Category.BIT_FLIP: _bit_flip, Category.MISSING_FIELD: _missing_field,
+    Category.WRONG_TYPE: _wrong_type, Category.CYCLE: _cycle, Category.DANGLING: _dangling,
+    Category.HUGE_DIM: _huge_dim, Category.ZERO_SIZE: _zero_size, Category.ODD_DTYPE: _odd_dtype,
+    Category.UNKNOWN_OP: _unknown_op, Category.SUBGRAPH: _subgraph,
+}
+
+DATA_CATEGORIES = (Category.DATA_NAN_INF, Category.DATA_DENORMAL, Category.DATA_CONSTANT, Category.DATA_EMPTY,
+                   Category.DATA_WRONG_RANK, Category.DATA_WRONG_DTYPE)
+
+
+def _bad_data(category: Category, feeds: dict[str, np.ndarray], rng: np.random.Generator) -> tuple[str, Any]:
+    name, x = next(iter(feeds.items()))
+    x = np.stack([x[0]] * 4) if x.ndim else x
+    if category is Category.DATA_NAN_INF:
+        x = x.copy()
+        x.flat[int(rng.integers(0, x.size))] = [np.nan, np.inf, -np.inf][int(rng.integers(0, 3))]
+        return "one NaN/Inf value", {name: x}
+    if category is Category.DATA_DENORMAL:
+        return "denormal floats", {name: (np.sign(x) * 1e-42).astype(np.float32)}
+    if category is Category.DATA_CONSTANT:
+        return "constant input", {name: np.full_like(x, float(rng.choice([0.0, 1.0, 3e38])))}
+    if category is Category.DATA_EMPTY:
+        return "zero samples", {name: x[:0]} if rng.integers(0, 2) else []
+    if category is Category.DATA_WRONG_RANK:
+        return "input of the wrong rank", {name: x.reshape(x.shape[0], -1)[..., None, None, None]}
+    kind = int(rng.integers(0, 3))
+    bad = [x.astype(np.int64), x.astype(str), np.array([{"a": 1}] * 4, dtype=object)][kind]
+    return f"input of dtype {bad.dtype}", {name: bad}
+
+
+def make_case(seed: int) -> Case:
+    """The case for `seed` (deterministic): a category, a door, a model and maybe data."""
+    rng = np.random.default_rng(seed)
+    base_name = list(BASES)[int(rng.integers(0, len(BASES)))]
+    base = BASES[base_name](rng)
+    categories = [Category.VALID, *MUTATIONS, *DATA_CATEGORIES]
+    category = categories[int(rng.integers(0, len(categories)))]
+    doors = [Door.LOADER, Door.EXECUTOR, Door.QUANTIZE, Door.CLI]
+    door = doors[int(rng.choice(4, p=[0.4, 0.3, 0.2, 0.1]))]
+    data = None
+    what = base_name
+    if category in MUTATIONS:
+        desc, mutated = MUTATIONS[category](base, rng)
+        raw = mutated if isinstance(mutated, bytes) else mutated.SerializeToString()
+        what = f"{base_name}: {desc}"
+    else:
+        raw = base.SerializeToString()
+        if category in DATA_CATEGORIES:
+            desc, data = _bad_data(category, feeds_for(base, rng), rng)
+            what = f"{base_name}: {desc}"
+            door = Door.QUANTIZE if door in (Door.LOADER, Door.QUANTIZE) else door
+    return Case(seed, category, door, what, raw, data)
+
+
+# ---- running ----------------------------------------------------------------------------------------
+
+class Hang(Exception):
+    """A case ran past its time limit."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def on_alarm(signum: int, frame: object) -> None:
+        raise Hang(f"ran past {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _ort_session(raw: bytes) -> Any:
+    """An onnxruntime session for a model onnx's full checker accepts (malformed bytes can crash ORT), else None."""
+    import onnxruntime as ort
+
+    try:
+        model = onnx.load_from_string(raw)
+        onnx.checker.check_model(model, full_check=True)
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        return ort.InferenceSession(raw, so, providers=["CPUExecutionProvider"])
+    except Exception:  # noqa: BLE001 - any refusal means: no reference
+        return None
+
+
+def _agree(ours: dict[str, Any], sess: Any, feeds: dict[str, np.ndarray]) -> bool:
+    overflow = any(np.issubdtype(v.dtype, np.floating) and v.size and np.nanmax(np.abs(v)) > 1e37
+                   for v in feeds.values() if isinstance(v, np.ndarray))
+    try:
+        theirs = sess.run(None, feeds)
+    except Exception:  # noqa: BLE001 - ORT refuses these inputs; nothing to compare
+        return True
+    for meta, ref in zip(sess.get_outputs(), theirs):
+        got = ours[meta.name].detach().cpu().numpy() if meta.name in ours else None
+        if got is None or got.shape != ref.shape:
+            return False
+        a, b = got.astype(np.float64), ref.astype(np.float64)
+        # inputs at the edge of float32 (|x| ~ 3e38): whether a sum overflows to Inf (and Inf * 0 to NaN later)
+        # depends on summation order, so only outputs finite in both are compared
+        edge = (~np.isfinite(a) | ~np.isfinite(b)) if overflow else np.zeros(a.shape, bool)
+        if not np.allclose(a[~edge], b[~edge], rtol=1e-4, atol=1e-5, equal_nan=True):
+            return False
+    return True
+
+
+def _calib_for(raw: bytes, data: Any, rng: np.random.Generator) -> Any:
+    if data is not None:
+        return data
+    try:
+        return [feeds_for(onnx.load_from_string(raw), rng, batch=1) for _ in range(2)]
+    except Exception:  # noqa: BLE001 - the loader will say what is wrong with the model
+        return [np.zeros((1, 3, 6, 6), np.float32)]
+
+
+def run_case(case: Case, workdir: Path, limit_s: float = 20.0) -> Result:
+    """Run `case` through its door inside a fresh folder under `workdir`; classify what happened."""
+    from netquant import quantize_onnx
+    from netquant.graph import Executor, load_onnx
+
+    folder = Path(tempfile.mkdtemp(prefix=f"case{case.seed}_", dir=workdir))
+    rng = np.random.default_rng(case.seed + 1)
+    start = time.perf_counter()
+    outcome, detail = Outcome.OK, ""
+    written: set[str] = set()
+    try:
+        with time_limit(limit_s):
+            if case.door is Door.LOADER:
+                load_onnx(case.model)
+            elif case.door is Door.EXECUTOR:
+                graph = load_onnx(case.model)
+                feeds = feeds_for(onnx.load_from_string(case.model), rng) if case.data is None else (
+                    case.data if isinstance(case.data, dict) else {})
+                ours = Executor(graph).run(feeds)
+                sess = _ort_session(case.model)
+                if sess is None:
+                    outcome = Outcome.OK_ORT_REFUSES
+                elif not _agree(ours, sess, feeds):
+                    outcome, detail = Outcome.DISAGREES, "executor output differs from onnxruntime's"
+            elif case.door is Door.QUANTIZE:
+                qm = quantize_onnx(case.model, _calib_for(case.model, case.data, rng), quiet=True)
+                qm.export(folder / "q.onnx")  # validated against onnxruntime on a batch before it is written
+                written.add("q.onnx")
+            else:
+                outcome, detail = _run_cli(case, folder, rng)
+                written |= {"q.onnx", "p.json"} if outcome is Outcome.OK else set()
+    except NetquantError as exc:
+        outcome, detail = Outcome.NETQUANT_ERROR, type(exc).__name__
+    except Hang as exc:
+        outcome, detail = Outcome.HANG, str(exc)
+    except Exception as exc:  # noqa: BLE001 - exactly what the fuzz tier hunts for
+        outcome, detail = Outcome.OTHER_EXCEPTION, f"{type(exc).__name__}: {str(exc)[:300]}"
+    inputs = {"m.onnx", "calib.npz"}
+    left = sorted(p.name for p in folder.iterdir() if p.name not in written | inputs)
+    if left and outcome.good:
+        outcome, detail = Outcome.LEFTOVER, ", ".join(left)
+    for p in folder.iterdir():
+        p.unlink()
+    folder.rmdir()
+    return Result(case, outcome, detail, time.perf_counter() - start)
+
+
+def _run_cli(case: Case, folder: Path, rng: np.random.Generator) -> tuple[Outcome, str]:
+    from click.testing import CliRunner
+
+    from netquant.cli.main import cli
+
+    (folder / "m.onnx").write_bytes(case.model)
+    calib = "random"
+    if case.data:
+        np.savez(folder / "calib.npz", **case.data)
+        calib = str(folder / "calib.npz")
+    result = CliRunner().invoke(cli, ["quantize", str(folder / "m.onnx"), "--calib", calib, "-o",
+                                      str(folder / "q.onnx"), "--json", str(folder / "p.json"), "-q"])
+    if result.exit_code == 0:
+        return Outcome.OK, ""
+    exc = result.exception
+    if result.exit_code in (1, 2) and (exc is None or isinstance(exc, SystemExit)):
+        return Outcome.NETQUANT_ERROR, "exit 1" if result.exit_code == 1 else "usage error"
+    if isinstance(exc, NetquantError):
+        return Outcome.NETQUANT_ERROR, type(exc).__name__
+    return Outcome.OTHER_EXCEPTION, f"{type(exc).__name__}: {str(exc)[:300]}" if exc else f"exit {result.exit_code}"
+
+
+@dataclass
+class Tally:
+    """Outcome counts per category."""
+
+    counts: dict[Category, dict[Outcome, int]] = field(default_factory=dict)
+    bad: list[Result] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def add(self, r: Result) -> None:
+        row = self.counts.setdefault(r.case.category, {})
+        row[r.outcome] = row.get(r.outcome, 0) + 1
+        self.seconds += r.seconds
+        if not r.outcome.good:
+            self.bad.append(r)
+
+    @property
+    def total(self) -> int:
+        return sum(sum(row.values()) for row in self.counts.values())
+
+    def markdown(self) -> str:
+        cols = list(Outcome)
+        lines = ["| category | cases | " + " | ".join(c.value for c in cols) + " |",
+                 "|---|---:|" + "---:|" * len(cols)]
+        for cat in Category:
+            row = self.counts.get(cat, {})
+            if row:
+                lines.append(f"| {cat.value} | {sum(row.values())} | "
+                             + " | ".join(str(row.get(c, 0)) for c in cols) + " |")
+        totals = {c: sum(r.get(c, 0) for r in self.counts.values()) for c in cols}
+        lines.append(f"| **all** | **{self.total}** | " + " | ".join(f"**{totals[c]}**" for c in cols) + " |")
+        return "\n".join(lines)
+
+
+def run_cases(seeds: range, workdir: str | os.PathLike[str], limit_s: float = 20.0) -> Tally:
+    tally = Tally()
+    for seed in seeds:
+        tally.add(run_case(make_case(seed), Path(workdir), limit_s))
+    return tally
