@@ -38,6 +38,7 @@ from netquant.atomic import write_text_atomic  # noqa: E402
 from netquant.calib import make_observer  # noqa: E402
 from netquant.calib.search import entropy_threshold_bin  # noqa: E402
 from netquant.core.spec import QuantSpec  # noqa: E402
+from netquant.platforms.targets import host_info  # noqa: E402
 
 
 @dataclass
@@ -155,6 +156,7 @@ def run(batches: int, batch_size: int, seed: int, quiet: bool) -> str:
     lines = [
         "# Calibration benchmark",
         "",
+        host_info().markdown(),
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores shared with other jobs (load average "
         f"{load:.1f} at the end), torch {torch.__version__} with {torch.get_num_threads()} thread(s).",
         f"Data: {batches} batches x {batch_size:,} float32 values (8 distinct normal batches with outliers, cycled), "

@@ -26,6 +26,7 @@ from rich.progress import Progress
 import netquant.core.ops as ops
 from netquant.atomic import write_text_atomic
 from netquant.core import GradMode, Granularity, QuantSpec, RoundingPolicy, fake_quantize
+from netquant.platforms.targets import host_info
 
 RESULTS = Path(__file__).resolve().parent / "results" / "fake_quant.md"
 CHANNELS = 256
@@ -134,6 +135,7 @@ def render(rows: list[tuple[Case, float, float]], numel: int, threads: int, repe
     lines = [
         "# fake_quantize vs torch fused fake-quant kernels",
         "",
+        host_info().markdown(),
         f"{numel:,} float32 elements ({numel * 4 / 2**20:.0f} MiB), shape ({CHANNELS}, {numel // CHANNELS}), "
         f"per-channel axis 0; median of {repeats} interleaved runs; torch {torch.__version__}, "
         f"{threads} thread(s), {os.cpu_count()}-core shared CI machine ({platform.machine()}). "

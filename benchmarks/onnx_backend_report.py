@@ -22,6 +22,7 @@ from rich.console import Console
 from netquant.atomic import write_text_atomic
 from netquant.graph import supported_ops
 from netquant.graph.backend_cases import SKIP_REASONS, STRING_REASON, Status, per_op_table, run_all_cases
+from netquant.platforms.targets import host_info
 
 OUT = Path(__file__).parent / "results" / "onnx_backend_ops.md"
 
@@ -34,6 +35,7 @@ def render(results, seconds: float) -> str:
     lines = [
         "# ONNX backend node test cases vs netquant's executor",
         "",
+        host_info().markdown(),
         f"onnx {onnx.__version__} (newest opset {onnx.defs.onnx_opset_version()}), torch {torch.__version__}, "
         f"python {platform.python_version()}, CPU; {len(results)} cases generated in memory by "
         f"`onnx.backend.test.case.node.collect_testcases()`; run in {seconds:.1f} s on this 2-core machine.",

@@ -46,6 +46,7 @@ from netquant.data.ocr import (
     rec_score,
 )
 from netquant.data.text_render import make_text_lines
+from netquant.platforms.targets import host_info
 
 RESULTS = Path(__file__).parent / "results" / "ptq_ocr.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
@@ -291,6 +292,7 @@ def main() -> None:
     lines = [
         "# PTQ of PP-OCRv4 (rapidocr-onnxruntime 1.4.4): netquant vs onnxruntime quantize_static",
         "",
+        host_info(ort_threads=1).markdown(),
         f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores (shared), "
         f"onnxruntime {ort.__version__}, onnx {onnx.__version__}. Threads: torch {torch.get_num_threads()} "
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}; netquant's calibration runs in torch), "

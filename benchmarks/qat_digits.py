@@ -33,6 +33,7 @@ from torch import nn
 import netquant.nn as nqnn
 from netquant.atomic import write_text_atomic
 from netquant.core.ops import GradMode
+from netquant.platforms.targets import host_info
 
 RESULTS = Path(__file__).parent / "results" / "qat_digits.md"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "nn"))
@@ -189,6 +190,7 @@ def report(rows: list[dict[str, float]], seeds: list[int], qat_epochs: int, wall
     lines = [
         "# W4A4 PTQ + LSQ QAT on scikit-learn digits (netquant.nn) vs torch.ao eager PTQ",
         "",
+        host_info().markdown(),
         f"Model: 2x(Conv3x3+BN+ReLU) -> AvgPool -> Linear, BN folded before quantization (except the "
         f"QuantConvBn2d row); 1347 train / 450 "
         f"test images (8x8); PTQ calibration on 512 training images; QAT: {qat_epochs} epochs of LSQ "

@@ -46,6 +46,12 @@ def session(path: Path, optimized: bool, threads: int = 0) -> ort.InferenceSessi
     return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
 
 
+def snr_db(ref: np.ndarray, test: np.ndarray) -> float:
+    """10 log10(sum ref^2 / sum (ref - test)^2) over all outputs: a low-noise companion of the accuracy."""
+    ref64, test64 = ref.astype(np.float64), test.astype(np.float64)
+    return float(10 * np.log10((ref64 ** 2).sum() / max(((ref64 - test64) ** 2).sum(), 1e-300)))
+
+
 def run_file(path: Path, x: np.ndarray, optimized: bool) -> np.ndarray:
     sess = session(path, optimized)
     name = sess.get_inputs()[0].name
@@ -99,7 +105,8 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model_name, (fp32, calib, x, score) in models.items():
-            fp32_acc = score(run_file(fp32, x, True))
+            y32 = run_file(fp32, x, True)
+            fp32_acc = score(y32)
             paths, results = [fp32], []
             for scheme, target in SCHEMES:
                 t = time.perf_counter()
@@ -109,17 +116,18 @@ def main() -> None:
                 out = Path(tmp) / f"{fp32.stem}_{scheme}.onnx"
                 qm.export(out, validate=False, check_kernels=False)
                 if saturating_here:
-                    sat, exact = score(run_file(out, x, True)), score(run_file(out, x, False))
+                    y_sat, y_exact = run_file(out, x, True), run_file(out, x, False)
                 else:
-                    sat = score(run_emulated(qm, x, Accumulation.PAIRWISE_INT16))
-                    exact = score(run_file(out, x, True))
+                    y_sat, y_exact = run_emulated(qm, x, Accumulation.PAIRWISE_INT16), run_file(out, x, True)
                 paths.append(out)
-                results.append((scheme, target, sat, exact, quant_s))
+                results.append((scheme, target, score(y_sat), score(y_exact), snr_db(y32, y_sat),
+                                snr_db(y32, y_exact), quant_s))
             lat = latencies_ms(paths, x[:1])
-            rows.append(f"| {model_name} | FP32 | - | {100 * fp32_acc:.2f} | {100 * fp32_acc:.2f} | - | {lat[0]:.2f} | 1.00 |")
-            for (scheme, target, sat, exact, quant_s), ms in zip(results, lat[1:]):
+            rows.append(f"| {model_name} | FP32 | - | {100 * fp32_acc:.2f} | {100 * fp32_acc:.2f} | - | - | - | "
+                        f"{lat[0]:.2f} | 1.00 |")
+            for (scheme, target, sat, exact, snr_sat, snr_exact, quant_s), ms in zip(results, lat[1:]):
                 rows.append(f"| {model_name} | {scheme} | {target} | {100 * sat:.2f} | {100 * exact:.2f} | "
-                            f"{quant_s:.1f} | {ms:.2f} | {lat[0] / ms:.2f} |")
+                            f"{snr_sat:.1f} | {snr_exact:.1f} | {quant_s:.1f} | {ms:.2f} | {lat[0] / ms:.2f} |")
             print("\n".join(rows[-len(SCHEMES) - 1:]), flush=True)
     text = (f"# int8 weight schemes: accuracy on both CPU kinds, latency\n\n"
             f"`python benchmarks/weight_schemes.py --calib {args.calib} --eval {args.eval}`; rendered text lines "
@@ -128,8 +136,10 @@ def main() -> None:
             f"Column 'x86 without VNNI' is {'onnxruntime on this machine' if saturating_here else 'the executor emulating int16 pair saturation'}; "
             f"'exact' is {'onnxruntime with graph optimizations off (Q/DQ as defined)' if saturating_here else 'onnxruntime on this machine'}. "
             "Latency: onnxruntime, batch 1, 1 thread, median of interleaved rounds, this machine.\n\n"
-            "| model | weights | target | acc % x86 without VNNI | acc % exact (VNNI / ARM) | quantize s | latency ms | speed vs FP32 |\n"
-            "|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
+            "Output SNR: 10 log10(sum y32^2 / sum (y32 - y8)^2) over all evaluation outputs (softmax / class scores).\n\n"
+            "| model | weights | target | acc % x86 without VNNI | acc % exact (VNNI / ARM) | output SNR dB x86 without VNNI "
+            "| output SNR dB exact | quantize s | latency ms | speed vs FP32 |\n"
+            "|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(rows) + "\n")
     write_text_atomic(RESULTS, text)
     print(text)
 

@@ -144,8 +144,15 @@ def test_cli_markdown_report_matches_hand_computed_snr_and_cosine(
                      "--report", report)
     assert result.exit_code == 0, result.output
     assert "also wrote" in result.output and "layers.md" in result.output
-    text = report.read_text()
+    text, saturation = report.read_text().split("## int16 pair saturation on x86 CPUs without VNNI")
     assert text.startswith("# per-layer quantization error: net.onnx on onnxruntime_int8")
+    sat_rows = [[c.strip() for c in line.split("|")[1:-1]] for line in saturation.splitlines()
+                if line.startswith("| ")][1:]
+    expected = qm.saturation_report({"x": calib[:BATCH]})
+    assert [r[0] for r in sat_rows] == [r.op for r in expected] and expected
+    for cells, row in zip(sat_rows, expected):
+        assert cells[2] == f"{row.full_int8_overflow_pairs}/{row.pairs}" and cells[3] == "0"  # target any: safe
+        assert float(cells[4]) == pytest.approx(100 * row.saturated_outputs, abs=0.006)
     rows = _markdown_rows(text)
     assert list(rows) == [n.name for n in qm.graph.nodes]  # graph order, every op
     relu2 = rows["relu2"]

@@ -129,3 +129,29 @@ def test_doctor_prints_cpu_and_the_probed_family() -> None:
     res = CliRunner().invoke(cli, ["doctor"])
     assert res.exit_code == 0, res.output
     assert host_accumulation().value in res.output and "onnxruntime" in res.output
+
+
+def test_saturation_report_matches_the_emulation_of_a_full_range_file() -> None:
+    """For a full-range int8 model the report's 'full int8' figures are the model's own: they equal what the
+    emulating executor counts; the default (7-bit) model has no overflow pair but the same full-int8 figures."""
+    from netquant.passes.int_emulation import SaturationEmulator
+
+    x = images(16)
+    full = _quantize(target="x86-vnni")
+    rows = {r.op: r for r in full.saturation_report({"x": x})}
+    emu = SaturationEmulator.for_graph(full.qgraph)
+    ex = full.qgraph.executor(fake_quant=True)
+    ex.add_pre_hook(lambda node, inputs: emu.capture(node, inputs))
+    ex.add_post_hook(lambda node, outputs: emu.adjust(node, outputs))
+    with torch.no_grad():
+        ex.run({"x": torch.from_numpy(x)})
+    assert emu.sites and any(s.saturated_outputs for s in emu.sites.values())
+    for name, site in emu.sites.items():
+        row = rows[name]
+        assert row.full_int8_overflow_pairs == row.overflow_pairs == site.overflow_pairs > 0
+        assert row.saturated_outputs == pytest.approx(site.saturated_outputs / site.outputs)
+        assert row.signal_to_saturation_db < 80
+    safe = {r.op: r for r in _quantize().saturation_report({"x": x})}
+    assert all(r.overflow_pairs == 0 for r in safe.values())
+    assert {k: r.full_int8_overflow_pairs for k, r in safe.items()} == {k: r.full_int8_overflow_pairs
+                                                                        for k, r in rows.items()}

@@ -7,6 +7,8 @@ from collections.abc import Sequence
 from rich.table import Table
 
 from netquant.analysis.layer_error import HEADER, LayerError
+from netquant.analysis.saturation import HEADER as SATURATION_HEADER
+from netquant.analysis.saturation import SaturationRow
 
 
 def worst(errors: Sequence[LayerError], n: int = 10) -> list[LayerError]:
@@ -25,8 +27,17 @@ def rich_table(errors: Sequence[LayerError], title: str = "per-layer quantizatio
 
 def markdown_table(errors: Sequence[LayerError]) -> str:
     """GitHub markdown table, one row per op output; '|' inside a cell (e.g. 'max |err|') is escaped."""
+    return _markdown(HEADER, [e.row() for e in errors])
+
+
+def saturation_markdown(rows: Sequence[SaturationRow]) -> str:
+    """GitHub markdown table of analysis.saturation rows."""
+    return _markdown(SATURATION_HEADER, [r.row() for r in rows])
+
+
+def _markdown(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     def line(cells: Sequence[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
 
-    lines = [line(HEADER), "|" + "---|" * len(HEADER)] + [line(e.row()) for e in errors]
+    lines = [line(header), "|" + "---|" * len(header)] + [line(r) for r in rows]
     return "\n".join(lines) + "\n"

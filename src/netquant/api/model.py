@@ -11,11 +11,13 @@ import torch
 
 from netquant.analysis import (
     LayerError,
+    SaturationRow,
     check_plot_target,
     cosine,
     layer_errors,
     plot_layer_errors,
     rich_table,
+    saturation_report,
     snr_db,
     worst,
 )
@@ -125,9 +127,18 @@ class QuantizedModel:
         data: anything quantize_onnx accepts as calibration data (an array, a dict of arrays, an iterable
         of batches), validated against the model's inputs; default: the kept calibration data.
         """
+        return layer_errors(self.qgraph, self._batches(data, max_batches), ops)
+
+    def saturation_report(self, data: Iterable[Any] | None = None, max_batches: int = 1) -> list[SaturationRow]:
+        """Per int8-kernel op: where full-range int8 weights would saturate the int16 pair sums of x86 CPUs without
+        VNNI (overflow-prone pairs, share of outputs changed, signal/saturation dB), and whether this model's
+        weights can (analysis.saturation). data: as layer_report."""
+        return saturation_report(self.qgraph, self._batches(data, max_batches))
+
+    def _batches(self, data: Iterable[Any] | None, max_batches: int) -> list[Any]:
         if data is None:
             if self._calib_data is None:
-                raise ConfigError("layer_report needs data (no calibration data kept)")
+                raise ConfigError("this report needs data (no calibration data kept)")
             data = self._calib_data
         elif not isinstance(data, CalibrationData):
             data = CalibrationData(self.qgraph.graph, data, max_batches=max_batches)
@@ -136,7 +147,7 @@ class QuantizedModel:
             if i >= max_batches:
                 break
             batches.append(b)
-        return layer_errors(self.qgraph, batches, ops)
+        return batches
 
     def print_report(self, data: Iterable[Any] | None = None, top: int = 15) -> list[LayerError]:
         from rich.console import Console

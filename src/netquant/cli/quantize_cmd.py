@@ -59,7 +59,7 @@ def _check_report_path(path: Path | None) -> None:
 
 def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
     """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot."""
-    from netquant.analysis import markdown_table
+    from netquant.analysis import markdown_table, saturation_markdown
     from netquant.atomic import write_text_atomic
 
     if path.suffix.lower() == ".png":
@@ -67,6 +67,12 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
         return path
     text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
             "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
+    if qmodel.platform.cpu_target is not None:
+        text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first calibration "
+                 "batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with full-range int8 "
+                 "weights (`--target x86-vnni`) and with this file's weights (CPU target "
+                 f"'{qmodel.platform.cpu_target.value}'), the share of outputs full-range weights change there, and "
+                 "the signal/saturation ratio.\n\n" + saturation_markdown(qmodel.saturation_report()))
     return write_text_atomic(path, text, "per-layer report")
 
 
@@ -214,7 +220,9 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     with plan.staged() as stage:
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
-            report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset, sample=batches[0]))
+            report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset,
+                                                              sample=None if qmodel.qgraph.validation_batches
+                                                              else batches[0]))
         if json_path is not None:
             stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
         if trt_cache is not None:

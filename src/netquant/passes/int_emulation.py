@@ -43,6 +43,7 @@ class KernelSite:
     overflow_pairs: int  # weight pairs that can saturate in int16
     saturated_outputs: int = 0  # output elements a saturated pair sum changed, in the runs so far
     outputs: int = 0  # output elements computed in those runs
+    weight_scale: torch.Tensor | None = None  # per-channel scale of weight_codes, if not the config's
 
 
 def _codes(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
@@ -82,15 +83,18 @@ def kernel_sites(qgraph: Any) -> list[KernelSite]:
     return sites
 
 
-def _saturation(site: KernelSite, x: torch.Tensor) -> tuple[torch.Tensor, int]:
+def saturation_term(site: KernelSite, x: torch.Tensor) -> tuple[torch.Tensor, int]:
     """(term to add to the op's float output, saturated pair sums) for activation input x (fake-quantized)."""
     params = site.act_cfg.effective_params
     assert params is not None
     s_x, z_x = params.scale.double(), params.zero_point.double()
     codes = torch.round(x.detach().double() / s_x + z_x).clamp(0, 255)
-    w_params = site.weight_cfg.effective_params
-    assert w_params is not None
-    s_w = w_params.scale.double().reshape(-1)
+    if site.weight_scale is not None:
+        s_w = site.weight_scale.double().reshape(-1)
+    else:
+        w_params = site.weight_cfg.effective_params
+        assert w_params is not None
+        s_w = w_params.scale.double().reshape(-1)
     node = site.node
     w = site.weight_codes
     if node.op_type == "Conv":
@@ -135,7 +139,7 @@ class SaturationEmulator:
         x = self._inputs.pop(node.name, None)
         if site is None or x is None:
             return outputs
-        term, saturated = _saturation(site, x)
+        term, saturated = saturation_term(site, x)
         site.saturated_outputs += saturated
         site.outputs += term.numel()
         return [outputs[0] + term, *outputs[1:]]
