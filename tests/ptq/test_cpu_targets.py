@@ -26,7 +26,14 @@ def _quantize(**kw):
 def test_default_target_is_any_with_saturation_free_weights() -> None:
     qm = _quantize()
     assert qm.platform.cpu_target is CpuTarget.ANY
-    assert qm.platform.weight_scheme is WeightScheme.INT7  # the measured choice (results/weight_schemes.md)
+    assert qm.platform.weight_scheme is WeightScheme.INT8_PAIR_LIMITED  # measured: results/weight_schemes.md
+    sites = kernel_sites(qm.qgraph)
+    assert sites and all(s.overflow_pairs == 0 for s in sites)
+    assert max(int(s.weight_codes.abs().max()) for s in sites) > 64  # 8-bit codes
+
+
+def test_int7_scheme_keeps_codes_within_64() -> None:
+    qm = _quantize(weight_scheme="int7")
     sites = kernel_sites(qm.qgraph)
     assert sites and all(s.overflow_pairs == 0 for s in sites)
     assert max(int(s.weight_codes.abs().max()) for s in sites) == 64

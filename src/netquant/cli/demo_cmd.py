@@ -20,7 +20,7 @@ CALIB_SEED, EVAL_SEED = 1000, 2000
 @click.option("--platform", "platform_name", default="onnxruntime_int8", show_default=True)
 @click.option("--calib-lines", type=click.IntRange(min=1), default=128, show_default=True,
               help="Rendered text lines used for calibration.")
-@click.option("--eval-lines", type=click.IntRange(min=1), default=200, show_default=True,
+@click.option("--eval-lines", type=click.IntRange(min=1), default=400, show_default=True,
               help="Other rendered lines used for evaluation.")
 @click.option("--output-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the INT8 model here (default: a temporary folder).")
