@@ -94,7 +94,15 @@ class RunFacts:
     opset: str
     cosine: dict[str, float]
     seconds: dict[str, float]
+    validated_with: str = ""
+    cpu_target: str | None = None
     extra_files: list[Path] = field(default_factory=list)
+
+
+def host_target() -> str:
+    from netquant.platforms.targets import host_info
+
+    return host_info().target.value
 
 
 def _size(n: int) -> str:
@@ -116,8 +124,13 @@ def summary_table(f: RunFacts) -> Table:
     if f.runtime_qdq is not None:
         t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
-                           f"({f.fp32_bytes / max(1, f.int8_bytes):.1f}x smaller)")
+                           + (f"({f.fp32_bytes / max(1, f.int8_bytes):.1f}x smaller)" if f.int8_bytes <= f.fp32_bytes else
+                              f"({f.int8_bytes / max(1, f.fp32_bytes):.1f}x larger: weights the source computes "
+                              "at run time are stored as constants)"))
     t.add_row("opset", f.opset)
+    if f.cpu_target:
+        t.add_row("CPU target", f"{f.cpu_target} (this machine: {host_target()})")
+    t.add_row("validated in", f.validated_with or "-")
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
     t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
     for p in f.extra_files:
@@ -239,7 +252,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq,
         fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=output.stat().st_size,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
-        cosine=report.output_cosine,
+        cosine=report.output_cosine, validated_with=report.validated_with, cpu_target=report.cpu_target,
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
         extra_files=extra)

@@ -25,6 +25,7 @@ from netquant.export.validate import (
     ort_session,
     validation_feeds,
 )
+from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
 
 
@@ -46,6 +47,7 @@ class ExportReport:
     output_max_abs_diff: dict[str, float] = field(default_factory=dict)
     validation_batches: int = 0
     accumulation: Accumulation | None = None  # this machine's int8 arithmetic, which validation emulated
+    validated_with: str = ""  # "onnxruntime (optimized, this CPU)" or "Q/DQ reference (onnxruntime, no fusion)"
     cpu_target: str | None = None
     int8_kernels: dict[str, int] | None = None
     runtime_qdq: int | None = None  # Q + DQ nodes onnxruntime still runs after fusing (None: not checked)
@@ -65,8 +67,8 @@ class ExportReport:
         cos = ", ".join(f"{k}: {v:.5f}" for k, v in self.output_cosine.items()) or "not validated"
         kernels = ", ".join(f"{k} x{v}" for k, v in (self.int8_kernels or {}).items()) or "none"
         target = f"; CPU target {self.cpu_target}" if self.cpu_target else ""
-        checked = (f" over {self.validation_batches} batch(es), {self.accumulation.value} int8 arithmetic"
-                   if self.accumulation is not None else "")
+        checked = (f" over {self.validation_batches} batch(es) in {self.validated_with}, "
+                   f"{self.accumulation.value} int8 arithmetic" if self.accumulation is not None else "")
         return (f"{self.path}: opset {self.source_opset}->{self.opset}, {len(self.quantized_ops)} ops quantized, "
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x){target}; cosine vs executor {cos}{checked}; "
@@ -134,10 +136,10 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
 
     validate: onnx.checker, onnxruntime load, the platform's CPU target (no int8 weight pair that its int16
         pair sums can overflow), and batches (`sample`, else the calibration batches the quantizer kept, else
-        random) where every output of onnxruntime must agree with the executor's fake-quant run, with this
-        machine's int8 arithmetic emulated (cosine >= min_cosine), or be as close to FP32 as that run is
-        (within max_error_ratio of its 1 - cosine; None: agreement alone). Deep 8-bit models amplify ordinary
-        rounding differences, so agreement alone refuses sound files (validate.Agreement).
+        random) run in onnxruntime and in the executor's fake-quant run with this machine's int8 arithmetic
+        emulated: every output of onnxruntime must be as close to FP32 as the fake-quant run's (1 - cosine within
+        max_error_ratio times the fake-quant's, plus 0.002); max_error_ratio None: cosine(onnxruntime, fake-quant)
+        >= min_cosine instead (validate.Agreement).
     check_kernels: record which int8 kernels onnxruntime runs after its optimizations.
     Raises ExportError (and leaves no file) on any failure.
     """
@@ -149,13 +151,15 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
         check_target_arithmetic(qgraph, where)
     model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
     agreement = {}
-    accumulation = host_accumulation() if validate else None
+    in_engine = getattr(qgraph.platform, "validation", Validation.QDQ_REFERENCE) is Validation.ONNXRUNTIME
+    # fused int8 kernels run this machine's arithmetic; the Q/DQ reference computes exactly
+    accumulation = (host_accumulation() if in_engine else Accumulation.EXACT) if validate else None
     with atomic_path(path, "ONNX model") as tmp:
         if validate:
             check_model(model, where)
         onnx.save(model, str(tmp))
         if validate:
-            sess = _ort_session(model, tmp, where)
+            sess = _ort_session(model, tmp, where, optimized=in_engine)
             agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
                                               max_error_ratio)
     target = Path(path)
@@ -166,7 +170,9 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
         fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
-        validated=validate, output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
+        validated=validate, validated_with=("" if not validate else "onnxruntime (optimized, this CPU)" if in_engine
+                                            else "Q/DQ reference (onnxruntime, no fusion)"),
+        output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
         output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
         accumulation=accumulation, cpu_target=getattr(getattr(qgraph.platform, "cpu_target", None), "value", None),
         int8_kernels=kernels,
@@ -178,7 +184,7 @@ ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchw
                "ai.onnx.preview.training", "ai.onnx.training")
 
 
-def _ort_session(model: onnx.ModelProto, tmp: Path, where: str) -> Any:
+def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool = True) -> Any:
     """ort_session on the temp file, its errors naming the user's path and the ops onnxruntime cannot load."""
     local = {(f.domain, f.name) for f in model.functions}
     custom = [n for g in _graphs(model.graph) for n in g.node
@@ -189,7 +195,7 @@ def _ort_session(model: onnx.ModelProto, tmp: Path, where: str) -> Any:
                           f"custom-domain node(s) {names}. Keep them out of the model, or export without "
                           "validation (Python: export(..., validate=False)) for an engine that implements them")
     try:
-        return ort_session(str(tmp), where)
+        return ort_session(str(tmp), where, optimized)
     except ExportError as exc:
         message = str(exc).replace(str(tmp.resolve()), where).replace(str(tmp), where)
         raise ExportError(message) from exc.__cause__

@@ -91,11 +91,14 @@ def check_model(model: onnx.ModelProto, where: str) -> None:
         raise ExportError(f"exported model for '{where}' fails onnx.checker: {exc}") from exc
 
 
-def ort_session(path_or_bytes: Any, where: str) -> Any:
+def ort_session(path_or_bytes: Any, where: str, optimized: bool = True) -> Any:
+    """An onnxruntime CPU session; optimized=False runs Q/DQ as defined (no fused int8 kernels)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if not optimized:
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         return ort.InferenceSession(path_or_bytes, so, providers=["CPUExecutionProvider"])
     except Exception as exc:
@@ -113,16 +116,17 @@ class Agreement:
     max_abs_diff: float
 
     def accepted(self, min_cosine: float, max_error_ratio: float | None = 1.5) -> bool:
-        """onnxruntime agrees with the fake-quant run, or is as close to FP32 as the fake-quant run is.
+        """onnxruntime's output is as close to FP32 as the fake-quant run's: 1 - cos(ort, fp32) <=
+        max_error_ratio * (1 - cos(fake-quant, fp32)) + QUALITY_MARGIN; max_error_ratio None: cos(ort, fake-quant)
+        >= min_cosine instead.
 
-        Deep 8-bit models amplify ordinary rounding differences (PP-OCRv4 rec's softmax: cosine ~0.95 between
-        two sound runs), so agreement alone would refuse sound files; a file whose engine output is much
-        farther from FP32 than netquant's simulation (saturating kernels, a broken graph) is refused.
+        Deep 8-bit models amplify ordinary rounding differences (PP-OCRv4 rec's softmax: cosine ~0.95 between two
+        sound runs), so agreement with the simulation refuses sound files; a file whose engine output is farther
+        from FP32 than netquant's simulation (saturating kernels, a broken graph) is refused. Measured in
+        benchmarks/results/validation_study.md.
         """
-        if self.ort_vs_fake_quant >= min_cosine:
-            return True
         if max_error_ratio is None:
-            return False
+            return self.ort_vs_fake_quant >= min_cosine
         return 1.0 - self.ort_vs_fp32 <= max_error_ratio * (1.0 - self.fake_quant_vs_fp32) + QUALITY_MARGIN
 
 

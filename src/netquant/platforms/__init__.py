@@ -12,6 +12,7 @@ from netquant.platforms.platform import (
     OpRule,
     OutputPolicy,
     Platform,
+    Validation,
     int32_bias_spec,
     known_op_types,
     standard_rule,
@@ -34,4 +35,5 @@ __all__ = [
     "register_platform",
     "standard_rule",
     "unregister_platform",
+    "Validation",
 ]

@@ -16,6 +16,7 @@ from netquant.platforms.platform import (
     OpRule,
     OutputPolicy,
     Platform,
+    Validation,
     depthwise_or_small,
     int32_bias_spec,
     standard_rule,
@@ -89,6 +90,7 @@ ONNXRUNTIME_INT8 = Platform(
     cpu_target=CpuTarget.ANY,
     safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
     knows_weight_packing=True,
+    validation=Validation.ONNXRUNTIME,
 )
 
 

@@ -43,6 +43,13 @@ class OutputPolicy(enum.Enum):
     NEVER = "never"  # output stays float (weight-only / input-only schemes)
 
 
+class Validation(enum.Enum):
+    """What an exported file is checked against before it is written."""
+
+    ONNXRUNTIME = "onnxruntime"  # the engine itself: onnxruntime's optimized graph (fused int8 kernels), this CPU
+    QDQ_REFERENCE = "qdq_reference"  # engines not runnable here: Q/DQ as defined (onnxruntime, optimizations off)
+
+
 class ExportFormat(enum.Enum):
     """How netquant.export writes the model for this platform."""
 
@@ -201,6 +208,7 @@ class Platform:
     weight_scheme: WeightScheme | None = None
     safe_weight_scheme: WeightScheme = WeightScheme.INT7
     knows_weight_packing: bool = False  # the engine's u8 x s8 K order is known (weight_layout): int8-pairs possible
+    validation: Validation = Validation.QDQ_REFERENCE
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):
