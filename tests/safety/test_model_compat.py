@@ -12,6 +12,7 @@ from _safety_models import conv_relu, custom_domain, dynamic_relu, fp16_matmul, 
 from click.testing import CliRunner
 
 import netquant
+from netquant.api.quantize import ModelCheckWarning
 from netquant.cli.main import cli
 from netquant.errors import ExportError, UnsupportedOpError
 from netquant.graph.ops import register_op
@@ -29,7 +30,8 @@ def test_an_output_without_shape_quantizes_and_exports(tmp_path: Path) -> None:
     model = conv_relu(output_shape=False)
     with pytest.raises(onnx.checker.ValidationError, match="shape"):
         onnx.checker.check_model(model)  # onnx's checker refuses it, onnxruntime runs it
-    qm = netquant.quantize_onnx(model, CALIB, quiet=True)
+    with pytest.warns(ModelCheckWarning, match="onnx.checker reports .*shape"):
+        qm = netquant.quantize_onnx(model, CALIB, quiet=True)  # a warning at load, not a gate
     report = qm.export(tmp_path / "q.onnx")
     assert report.output_cosine["y"] > 0.98
     exported = onnx.load(tmp_path / "q.onnx")

@@ -23,7 +23,31 @@ from netquant.platforms import Platform
 DEFAULT_PLATFORM = "onnxruntime_int8"
 
 
+class ModelCheckWarning(UserWarning):
+    """The input model fails onnx.checker (a warning: onnxruntime and netquant may still run it; exports are checked)."""
+
+
+def _warn_if_unchecked(model: str | os.PathLike[str] | bytes | onnx.ModelProto, source: str) -> None:
+    """onnx.checker on the input is advice, not a gate: models ORT runs load (the export stays checked)."""
+    try:
+        if isinstance(model, bytes):
+            onnx.checker.check_model(onnx.load_from_string(model))
+        else:
+            onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model))
+    except Exception as exc:  # noqa: BLE001 - checker failures of any kind are reported, not raised
+        first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        warnings.warn(ModelCheckWarning(f"{source}: onnx.checker reports '{first}'; quantizing anyway (the exported "
+                                        "model is checked)"), stacklevel=3)
+
+
 def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+    graph, source = _load_graph(model)
+    if not isinstance(model, Graph):
+        _warn_if_unchecked(model, source)
+    return graph, source
+
+
+def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
     if isinstance(model, Graph):
         return model.copy(), model.name
     if isinstance(model, onnx.ModelProto):
