@@ -65,9 +65,9 @@ onnx's full checker or onnxruntime will not load (netquant runs them; there is n
 
 Failures (other exception, hang, disagreement, leftover file): {bad}
 
-A valid model ends in a NetquantError when the export's own validation refuses the result: on CPUs without
-AVX-VNNI, onnxruntime's int8 Gemm kernels can disagree with the fake-quant run (cosine < 0.98, ExportError, no
-file written), the CPU-exactness issue (9) handled separately.
+A valid model would end in a NetquantError when the export's own validation refuses the result (an ExportError,
+no file written); since exports target every CPU by default (int8 weights whose int16 pair sums cannot saturate on
+x86 without VNNI), none does.
 
 What the categories do: truncated bytes (cut anywhere), bit flips (1-3 random bits), missing fields (graph,
 op_type, outputs, names, opset_import, elem_type, type), wrong types (int32 weights, string inputs, a string
