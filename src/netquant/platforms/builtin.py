@@ -11,7 +11,6 @@ from __future__ import annotations
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy, ScaleConstraint
 from netquant.platforms.platform import (
     COMPUTE_RULES,
-    ExportFormat,
     OpRole,
     OpRule,
     OutputPolicy,
@@ -23,8 +22,6 @@ from netquant.platforms.platform import (
 )
 from netquant.platforms.registry import register_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme
-
-HALF_EVEN = RoundingPolicy.ROUND_HALF_EVEN
 
 
 def _rules(*rules: OpRule) -> dict[str, OpRule]:
@@ -81,7 +78,6 @@ ONNXRUNTIME_INT8 = Platform(
     # gives 98.75% (FP32 98.50%) and the classifier 100% (MSE 99.75%), both at 1 and 2 torch threads.
     activation_observer="minmax",
     weight_observer="minmax",
-    export_format=ExportFormat.ONNX_QDQ,
     min_opset=13,
     # target 'any' (every x86-64 / ARM64 CPU) needs weights without int16 pair saturation; chosen by measurement
     # (benchmarks/results/weight_schemes.md, PP-OCRv4 rec and cls, an AVX2 EPYC and a VNNI Xeon): pair-limited
@@ -265,7 +261,6 @@ FP8_E4M3 = Platform(
     fusions=(),
     activation_observer="minmax",
     weight_observer="minmax",
-    export_format=ExportFormat.ONNX_QDQ_FP8,
     min_opset=19,
 )
 
