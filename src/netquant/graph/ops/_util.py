@@ -96,5 +96,8 @@ def scalar(t: torch.Tensor | None, default: Any = None) -> Any:
     return t.reshape(-1)[0].item()
 
 
-def unwrap_sequence(x: Any) -> Any:
-    return x
+def subgraph_runner(ctx: OpContext) -> Any:
+    """ctx.run_subgraph (runs a graph attribute), or UnsupportedOpError outside an Executor."""
+    if ctx.run_subgraph is None:
+        raise UnsupportedOpError(ctx.unsupported("running a subgraph outside an Executor"))
+    return ctx.run_subgraph
