@@ -17,7 +17,7 @@ import torch
 
 from netquant.atomic import write_text_atomic
 from netquant.errors import ExportError
-from netquant.export.configs import emits, iter_slots, params_of, root, unwrap
+from netquant.export.slots import emits, iter_slots, params_of, root, unwrap
 
 
 def _floats(t: torch.Tensor) -> float | list[float]:

@@ -18,12 +18,12 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from netquant.core.config import TensorQuantConfig
 from netquant.core.int_kernels import quantize_limited
 from netquant.core.ops import quantize
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
-from netquant.export.configs import Slot, emits, iter_slots, params_of, root
+from netquant.export.slots import Slot, emits, iter_slots, params_of, root
 
 TORCH_TO_ONNX = {
     torch.int8: TensorProto.INT8,

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.spec import Granularity, QuantSpec
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import ExportError
 
 # states whose params mean "this tensor is quantized at this point"
