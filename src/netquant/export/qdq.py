@@ -24,17 +24,7 @@ from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
 from netquant.export.slots import Slot, emits, iter_slots, params_of, root
-
-TORCH_TO_ONNX = {
-    torch.int8: TensorProto.INT8,
-    torch.uint8: TensorProto.UINT8,
-    torch.int16: TensorProto.INT16,
-    torch.int32: TensorProto.INT32,
-    torch.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
-    torch.float8_e5m2: TensorProto.FLOAT8E5M2,
-}
-if hasattr(torch, "uint16"):
-    TORCH_TO_ONNX[torch.uint16] = TensorProto.UINT16
+from netquant.graph.dtypes import TORCH_TO_ONNX
 
 
 @dataclass
