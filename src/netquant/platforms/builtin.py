@@ -8,7 +8,8 @@ fixed-point scheme, PPQ's ACADEMIC platform.
 
 from __future__ import annotations
 
-from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy, ScaleConstraint
+from netquant.core import presets
+from netquant.core.spec import QuantSpec, RoundingPolicy, ScaleConstraint
 from netquant.platforms.platform import (
     COMPUTE_RULES,
     OpRole,
@@ -91,13 +92,12 @@ ONNXRUNTIME_INT8 = Platform(
 
 
 # ---- TensorRT (explicit quantization, Q/DQ on inputs of quantizable layers) --------------------
-_TRT_ACT = QuantSpec.int8(narrow_range=True)
 TENSORRT_INT8 = Platform(
     name="tensorrt_int8",
     description="TensorRT explicit INT8: symmetric int8 (amax/127), per-channel weights, Q/DQ on the "
                 "inputs of layers TensorRT runs in int8 (conv, matmul, pooling, residual add)",
-    activation=_TRT_ACT,
-    weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
+    activation=presets.TENSORRT_INT8.activation,
+    weight=presets.TENSORRT_INT8.weight,
     bias=None,  # TensorRT keeps bias in float and fuses it
     rules=_rules(
         *[r.with_(output=OutputPolicy.WHEN_CONSUMED) for r in COMPUTE_RULES.values()],
@@ -254,8 +254,8 @@ FP8_E4M3 = Platform(
     description="FP8 E4M3 (scaled, saturating): per-tensor activations, per-channel weights on "
                 "Conv/Gemm/MatMul inputs only (outputs and bias float, so no integer QLinear* fusion "
                 "picks up an FP8 Q/DQ pair)",
-    activation=QuantSpec.fp8_e4m3(),
-    weight=QuantSpec.fp8_e4m3(granularity=Granularity.PER_CHANNEL, axis=0),
+    activation=presets.FP8_E4M3.activation,
+    weight=presets.FP8_E4M3.weight,
     bias=None,
     rules=_rules(*[r.with_(output=OutputPolicy.NEVER) for r in COMPUTE_RULES.values()]),
     fusions=(),
