@@ -208,6 +208,7 @@ class Platform:
     safe_weight_scheme: WeightScheme = WeightScheme.INT7
     knows_weight_packing: bool = False  # the engine's u8 x s8 K order is known (weight_layout): int8-pairs possible
     validation: Validation = Validation.QDQ_REFERENCE
+    aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
 
     @property
     def export_format(self) -> ExportFormat:
