@@ -1,11 +1,11 @@
 """netquant: quantize neural networks for real inference engines."""
 
-from netquant.core.config import QuantState, TensorQuantConfig
-from netquant.core.nvidia import fake_tensor_quant, tensor_quant
+from netquant.core.amax_quant import fake_tensor_quant, tensor_quant
 from netquant.core.ops import GradMode, dequantize, fake_quantize, quantize
 from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.qtensor import QTensor
 from netquant.core.spec import Granularity, QuantFormat, QuantSpec, RoundingPolicy, ScaleConstraint
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import (
     CalibrationError,
     ConfigError,

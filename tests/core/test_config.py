@@ -7,8 +7,8 @@ import torch
 
 from netquant import QuantState, TensorQuantConfig
 from netquant.core import choose_qparams
-from netquant.core.config import check_deployable
 from netquant.core.spec import QuantSpec
+from netquant.core.tensor_config import check_deployable
 from netquant.errors import ConfigError, ExportError
 
 SPEC = QuantSpec.int8()

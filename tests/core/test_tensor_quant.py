@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import netquant
-from netquant.core.nvidia import fake_tensor_quant, tensor_quant
+from netquant.core.amax_quant import fake_tensor_quant, tensor_quant
 from netquant.errors import ConfigError, DataError
 
 

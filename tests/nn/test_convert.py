@@ -9,7 +9,7 @@ from torch import nn
 import netquant.nn as nqnn
 from netquant.core.spec import Granularity, QuantFormat
 from netquant.errors import CalibrationError, ConfigError, DataError
-from netquant.nn.config import LayerQuantConfig, QuantizerConfig, QuantRule
+from netquant.nn.rules import LayerQuantConfig, QuantizerConfig, QuantRule
 
 
 class Net(nn.Module):

@@ -16,7 +16,7 @@ from torch import nn
 
 import netquant.nn as nqnn
 from netquant.core.spec import QuantSpec
-from netquant.nn.config import LayerQuantConfig, QuantizerConfig
+from netquant.nn.rules import LayerQuantConfig, QuantizerConfig
 
 INT8_ACT = (-128, 127)
 INT8_W = (-127, 127)

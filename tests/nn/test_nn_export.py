@@ -12,7 +12,7 @@ from torch import nn
 import netquant.nn as nqnn
 from netquant.core.spec import QuantSpec, RoundingPolicy
 from netquant.errors import ExportError
-from netquant.nn.config import LayerQuantConfig, QuantizerConfig, QuantRule
+from netquant.nn.rules import LayerQuantConfig, QuantizerConfig, QuantRule
 
 
 def _model() -> nn.Module:

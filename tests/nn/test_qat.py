@@ -155,7 +155,7 @@ def test_fold_batchnorm_untraceable_falls_back_to_sequential():
 
 
 def test_learnable_from_config():
-    from netquant.nn.config import LayerQuantConfig, QuantizerConfig, QuantRule
+    from netquant.nn.rules import LayerQuantConfig, QuantizerConfig, QuantRule
 
     spec = QuantSpec.int8()
     layer = LayerQuantConfig(input=QuantizerConfig(spec, learnable=True))

@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_quantizer_helpers import calib_batches, residual_concat  # noqa: E402
 
 import netquant  # noqa: E402
-from netquant.core.config import QuantState  # noqa: E402
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy  # noqa: E402
+from netquant.core.tensor_config import QuantState  # noqa: E402
 from netquant.platforms import Platform, get_platform, list_platforms, register_platform, unregister_platform  # noqa: E402
 
 HOOKED: list[str] = []

@@ -16,7 +16,7 @@ from _export_models import conv_net, images, mlp
 from onnx import numpy_helper
 
 import netquant
-from netquant.core.config import QuantState
+from netquant.core.tensor_config import QuantState
 from netquant.errors import ExportError
 from netquant.export import (
     export_qdq,

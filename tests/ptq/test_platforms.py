@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from test_quantizer_helpers import conv_relu_gemm, matmul_model, residual_concat  # noqa: E402
 
-from netquant.core.config import QuantState  # noqa: E402
 from netquant.core.spec import Granularity, QuantFormat, RoundingPolicy, ScaleConstraint  # noqa: E402
+from netquant.core.tensor_config import QuantState  # noqa: E402
 from netquant.errors import ConfigError  # noqa: E402
 from netquant.graph import load_onnx  # noqa: E402
 from netquant.passes import build_quant_graph  # noqa: E402

@@ -22,8 +22,8 @@ from test_quantizer_helpers import (  # noqa: E402
 )
 
 import netquant  # noqa: E402
-from netquant.core.config import QuantState  # noqa: E402
 from netquant.core.spec import Granularity, QuantSpec  # noqa: E402
+from netquant.core.tensor_config import QuantState  # noqa: E402
 from netquant.errors import CalibrationError, ConfigError, DataError, UnsupportedOpError  # noqa: E402
 from netquant.graph import load_onnx  # noqa: E402
 from netquant.passes import OpSelector, Override, QuantizerWarning, build_quant_graph  # noqa: E402

@@ -176,7 +176,7 @@ class QuantizedModel:
             raise ConfigError(f"unknown export format '{format}'; choose one of "
                               f"{', '.join(f.value for f in ExportKind)}") from None
         writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
-                  ExportKind.TENSORRT_CACHE: export.export_tensorrt_calib_cache}[fmt]
+                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache}[fmt]
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         OutputPlan.create([("export path", path, f"{fmt.value} file")],
                           inputs=model_files(source) if source is not None else (), error=ExportError)

@@ -16,10 +16,10 @@ from netquant.calib.hist_observers import (
 )
 from netquant.calib.histogram import GridMode, Histogram
 from netquant.calib.minmax import EmaMinMaxObserver, MinMaxObserver
-from netquant.calib.registry import ALIASES, OBSERVERS, make_observer, observer_class
+from netquant.calib.registry import ALIASES, OBSERVERS, make_observer, observer_class, register_observer
 
 __all__ = [
     "ALIASES", "OBSERVERS", "Batch", "EmaMinMaxObserver", "FixedRangeObserver", "GridMode", "HistL2Observer",
     "Histogram", "HistogramObserverBase", "KLObserver", "MSEObserver", "MinMaxObserver", "NoObserver",
-    "Observer", "PercentileObserver", "make_observer", "observer_class",
+    "Observer", "PercentileObserver", "make_observer", "observer_class", "register_observer",
 ]

@@ -5,18 +5,18 @@ from __future__ import annotations
 import torch
 
 from netquant.calib.base import Batch, Observer
+from netquant.calib.registry import register_observer
 from netquant.core.qparams import QParams
 from netquant.core.spec import QuantSpec
 from netquant.errors import ConfigError
 
 
+@register_observer("fixed")
 class FixedRangeObserver(Observer):
     """A range known in advance, e.g. Sigmoid's [0, 1] or Tanh's [-1, 1]; batches are ignored.
 
     `min_val` / `max_val` are floats, or (C,) sequences / tensors for per-channel specs.
     """
-
-    name = "fixed"
 
     def __init__(self, spec: QuantSpec | None = None, *, min_val: float | torch.Tensor | list[float] = 0.0,
                  max_val: float | torch.Tensor | list[float] = 1.0, **kw: object) -> None:
@@ -51,10 +51,9 @@ class FixedRangeObserver(Observer):
         return self.min_val.reshape(-1), self.max_val.reshape(-1)
 
 
+@register_observer("none")
 class NoObserver(Observer):
     """For passive tensors whose params come from elsewhere (shared with a producer, derived)."""
-
-    name = "none"
 
     def observe(self, x: torch.Tensor) -> None:
         self.num_batches += 1

@@ -11,6 +11,7 @@ import torch
 
 from netquant.calib.base import Batch, Observer, extend_range
 from netquant.calib.histogram import GridMode, Histogram
+from netquant.calib.registry import register_observer
 from netquant.calib.search import entropy_threshold_bin, l2_range_bins, percentile_bin
 from netquant.core.ops import fake_quantize
 from netquant.core.qparams import choose_qparams
@@ -73,14 +74,13 @@ class HistogramObserverBase(Observer):
         raise NotImplementedError
 
 
+@register_observer("kl", aliases=("entropy",))
 class KLObserver(HistogramObserverBase):
     """TensorRT entropy calibration: the |x| threshold minimizing KL(P || Q) (see search.py).
 
     Q has `num_quant_bins` levels: 2^(bits-1) for signed specs, 2^bits for unsigned (TensorRT's
     1 << (num_bits - 1 + unsigned)).  Candidates start at `start_bin`; ties go to the larger one.
     """
-
-    name = "kl"
 
     def __init__(self, spec: QuantSpec | None = None, *, start_bin: int = 128, stride: int = 1,
                  num_quant_bins: int | None = None, **kw: object) -> None:
@@ -103,6 +103,7 @@ class KLObserver(HistogramObserverBase):
         return float(edges[i])
 
 
+@register_observer("percentile")
 class PercentileObserver(HistogramObserverBase):
     """The |x| threshold below which `percentile` % of the values lie, to within one bin.
 
@@ -110,8 +111,6 @@ class PercentileObserver(HistogramObserverBase):
     found from exact cumulative counts; `tensorrt_cdf=True` uses pytorch-quantization's rounded
     cumulative shares instead (bit-exact with it, but can be off by many bins; see search.py).
     """
-
-    name = "percentile"
 
     def __init__(self, spec: QuantSpec | None = None, *, percentile: float = 99.99, tensorrt_cdf: bool = False,
                  **kw: object) -> None:
@@ -128,6 +127,7 @@ class PercentileObserver(HistogramObserverBase):
         return float(edges[percentile_bin(counts, self.percentile, tensorrt_cdf=self.tensorrt_cdf)])
 
 
+@register_observer("mse")
 class MSEObserver(HistogramObserverBase):
     """The |x| threshold t minimizing sum_bins count * (fake_quantize(center) - center)^2.
 
@@ -138,8 +138,6 @@ class MSEObserver(HistogramObserverBase):
     magnitude (exact for symmetric specs and for one-signed data, e.g. after ReLU).
     Ties go to the smaller threshold.
     """
-
-    name = "mse"
 
     def __init__(self, spec: QuantSpec | None = None, *, start_bin: int = 128, stride: int = 1,
                  **kw: object) -> None:
@@ -176,11 +174,11 @@ class MSEObserver(HistogramObserverBase):
         return float(amax[int(torch.argmin(err))])
 
 
+@register_observer("hist_l2")
 class HistL2Observer(HistogramObserverBase):
     """torch.ao HistogramObserver's range search: both ends of a histogram of x, chosen by
     greedy L2-error minimization over 2^bits destination bins (see search.l2_range_bins)."""
 
-    name = "hist_l2"
     signed_histogram = True
 
     def _range(self) -> tuple[torch.Tensor, torch.Tensor]:

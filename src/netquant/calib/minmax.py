@@ -5,14 +5,14 @@ from __future__ import annotations
 import torch
 
 from netquant.calib.base import Batch, Observer, extend_range
+from netquant.calib.registry import register_observer
 from netquant.core.spec import QuantSpec
 from netquant.errors import ConfigError
 
 
+@register_observer("minmax", aliases=("max",))
 class MinMaxObserver(Observer):
     """lo = min over all batches of min(x), hi = max over all batches of max(x) (per channel)."""
-
-    name = "minmax"
 
     def __init__(self, spec: QuantSpec | None = None, **kw: object) -> None:
         super().__init__(spec, **kw)  # type: ignore[arg-type]
@@ -31,6 +31,7 @@ class MinMaxObserver(Observer):
         return self.min_val, self.max_val
 
 
+@register_observer("ema", aliases=("moving_average",))
 class EmaMinMaxObserver(Observer):
     """Moving-average extremes (torch.ao MovingAverageMinMaxObserver):
 
@@ -39,8 +40,6 @@ class EmaMinMaxObserver(Observer):
     For merging it also keeps, per channel, D = (1-c)^n and S = sum_k c (1-c)^(n-k) min(x_k),
     so that continuing from another observer's value m_a gives m = D * m_a + S exactly.
     """
-
-    name = "ema"
 
     def __init__(self, spec: QuantSpec | None = None, *, momentum: float = 0.01, **kw: object) -> None:
         super().__init__(spec, **kw)  # type: ignore[arg-type]

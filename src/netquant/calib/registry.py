@@ -1,22 +1,43 @@
-"""Observers by name, for configs and the CLI: make_observer("kl", spec, num_bins=2048)."""
+"""Observers by name, for configs and the CLI: make_observer("kl", spec, num_bins=2048).
+
+Each observer class registers itself with @register_observer("name", aliases=(...)) where it is defined."""
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
+from typing import TypeVar
 
 from netquant.calib.base import Observer
-from netquant.calib.fixed import FixedRangeObserver, NoObserver
-from netquant.calib.hist_observers import HistL2Observer, KLObserver, MSEObserver, PercentileObserver
-from netquant.calib.minmax import EmaMinMaxObserver, MinMaxObserver
 from netquant.core.spec import QuantSpec
 from netquant.errors import ConfigError
 
-OBSERVERS: dict[str, type[Observer]] = {
-    cls.name: cls
-    for cls in (MinMaxObserver, EmaMinMaxObserver, PercentileObserver, KLObserver, MSEObserver,
-                HistL2Observer, FixedRangeObserver, NoObserver)
-}
-ALIASES: dict[str, str] = {"entropy": "kl", "max": "minmax", "moving_average": "ema"}
+ObserverT = TypeVar("ObserverT", bound=type[Observer])
+
+OBSERVERS: dict[str, type[Observer]] = {}  # name -> class, filled by @register_observer
+ALIASES: dict[str, str] = {}  # alias -> name
+
+
+def register_observer(name: str, *, aliases: tuple[str, ...] = ()) -> Callable[[ObserverT], ObserverT]:
+    """Class decorator: register an Observer subclass under `name` (also set as its `.name`) and `aliases`.
+
+    The one edit a new observer needs (plus importing its module in netquant.calib when it is a new one).
+    ConfigError when a name or alias is taken by another class.
+    """
+
+    def register(cls: ObserverT) -> ObserverT:
+        if not (isinstance(cls, type) and issubclass(cls, Observer)):
+            raise ConfigError(f"register_observer({name!r}) decorates Observer subclasses, got {cls!r}")
+        for key in (name, *aliases):
+            taken = OBSERVERS.get(ALIASES.get(key, key))
+            if taken is not None and taken.__qualname__ != cls.__qualname__:
+                raise ConfigError(f"observer name {key!r} is already registered for {taken.__name__}")
+        cls.name = name
+        OBSERVERS[name] = cls
+        ALIASES.update({alias: name for alias in aliases})
+        return cls
+
+    return register
 
 
 def observer_class(name: str) -> type[Observer]:

@@ -1,6 +1,6 @@
 """netquant.core: quantization numerics (specs, rounding, qparams, quantize / fake-quantize)."""
 
-from netquant.core.nvidia import fake_tensor_quant, tensor_quant
+from netquant.core.amax_quant import fake_tensor_quant, tensor_quant
 from netquant.core.ops import GradMode, dequantize, fake_quantize, param_shape, quantize
 from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.rounding import round_with_policy

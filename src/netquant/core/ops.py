@@ -36,7 +36,7 @@ import enum
 
 import torch
 
-from netquant.core.nvidia import fake_tensor_quant, tensor_quant
+from netquant.core.amax_quant import fake_tensor_quant, tensor_quant
 from netquant.core.rounding import round_with_policy, round_with_policy_
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.errors import ConfigError, DataError

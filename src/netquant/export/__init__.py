@@ -7,7 +7,6 @@ from netquant.export.onnx_qdq import ExportReport, build_qdq_model, export_qdq
 from netquant.export.ort_kernels import INT8_KERNEL_OPS, ort_int8_kernels, ort_optimized_op_types
 from netquant.export.params import (
     export_quant_params_json,
-    export_tensorrt_calib_cache,
     export_trt_calibration_cache,
     quant_params,
     scale_hex,
@@ -20,7 +19,6 @@ __all__ = [
     "build_qdq_model",
     "export_qdq",
     "export_quant_params_json",
-    "export_tensorrt_calib_cache",
     "export_trt_calibration_cache",
     "ort_int8_kernels",
     "ort_optimized_op_types",

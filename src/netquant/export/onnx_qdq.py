@@ -13,10 +13,10 @@ import onnx
 from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
-from netquant.export.configs import check_deployable, unwrap
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
 from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
 from netquant.export.qdq import QdqBuilder, required_opset
+from netquant.export.slots import check_deployable, unwrap
 from netquant.export.validate import (
     DEFAULT_MAX_ERROR_RATIO,
     check_model,

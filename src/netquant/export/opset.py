@@ -16,14 +16,6 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
-def set_ai_onnx_opset(model: onnx.ModelProto, version: int) -> None:
-    for imp in model.opset_import:
-        if imp.domain in ("", "ai.onnx"):
-            imp.version = version
-            return
-    model.opset_import.append(onnx.helper.make_opsetid("", version))
-
-
 def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     """The model converted to ai.onnx opset `target` (unchanged when already there or newer)."""
     current = ai_onnx_opset(model)

@@ -17,7 +17,7 @@ import torch
 
 from netquant.atomic import write_text_atomic
 from netquant.errors import ExportError
-from netquant.export.configs import emits, iter_slots, params_of, root, unwrap
+from netquant.export.slots import emits, iter_slots, params_of, root, unwrap
 
 
 def _floats(t: torch.Tensor) -> float | list[float]:
@@ -123,5 +123,3 @@ def export_trt_calibration_cache(qmodel: Any, path: str | os.PathLike[str], *, t
     lines += [f"{name}: {scale_hex(s)}" for name, s in trt_scales(qmodel).items()]
     return write_text_atomic(path, "\n".join(lines) + "\n", "TensorRT calibration cache")
 
-
-export_tensorrt_calib_cache = export_trt_calibration_cache  # name used by QuantizedModel.export

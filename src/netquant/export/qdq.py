@@ -18,23 +18,14 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from netquant.core.config import TensorQuantConfig
 from netquant.core.int_kernels import quantize_limited
 from netquant.core.ops import quantize
+from netquant.core.qdq_types import clip_range, qdq_min_opset
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
-from netquant.export.configs import Slot, emits, iter_slots, params_of, root
-
-TORCH_TO_ONNX = {
-    torch.int8: TensorProto.INT8,
-    torch.uint8: TensorProto.UINT8,
-    torch.int16: TensorProto.INT16,
-    torch.int32: TensorProto.INT32,
-    torch.float8_e4m3fn: TensorProto.FLOAT8E4M3FN,
-    torch.float8_e5m2: TensorProto.FLOAT8E5M2,
-}
-if hasattr(torch, "uint16"):
-    TORCH_TO_ONNX[torch.uint16] = TensorProto.UINT16
+from netquant.export.slots import Slot, emits, iter_slots, params_of, root
+from netquant.graph.dtypes import TORCH_TO_ONNX
 
 
 @dataclass
@@ -64,26 +55,8 @@ def required_opset(qgraph: Any) -> int:
         if not emits(slot.config):
             continue
         spec = root(slot.config).spec
-        if spec.is_float:
-            need = max(need, 19)
-        if spec.granularity is Granularity.PER_GROUP:
-            need = max(need, 21)
-        if _storage(spec, slot.tensor in initializers) in (torch.int16, getattr(torch, "uint16", None)):
-            need = max(need, 21)
+        need = max(need, qdq_min_opset(TORCH_TO_ONNX[_storage(spec, slot.tensor in initializers)], spec))
     return need
-
-
-def _clip_range(spec: QuantSpec, dtype: torch.dtype) -> tuple[int, int] | None:
-    """(qmin, qmax) when they are narrower than `dtype`'s range in a way that matters (not just narrow_range)."""
-    if spec.is_float:
-        return None
-    info = torch.iinfo(dtype)
-    lo, hi = spec.qmin, spec.qmax
-    if (lo, hi) == (info.min, info.max):
-        return None
-    if spec.narrow_range and spec.quant_min is None and spec.bits == info.bits:
-        return None  # [-127, 127] in int8: ONNX clamps at -128, the single value apart is accepted
-    return lo, hi
 
 
 class QdqBuilder:
@@ -185,7 +158,7 @@ class QdqBuilder:
         q_out = self.fresh(f"{base}_QuantizeLinear_Output")
         self.new_nodes.append(helper.make_node("QuantizeLinear", [src, s, z], [q_out],
                                                name=self.fresh(f"{base}_QuantizeLinear"), **attrs))
-        clip = _clip_range(spec, dtype)
+        clip = clip_range(spec, TORCH_TO_ONNX[dtype])
         if clip is not None:
             lo = self.add_init(f"{base}_qmin", torch.tensor(clip[0]).to(dtype))
             hi = self.add_init(f"{base}_qmax", torch.tensor(clip[1]).to(dtype))

@@ -13,10 +13,9 @@ from netquant.graph.save import save_onnx, to_onnx
 
 def supported_ops(domain: str = "") -> list[str]:
     """Op types the executor implements for a domain ('' = ai.onnx)."""
-    from netquant.graph.executor import _import_ops
+    # importing netquant.graph.ops (the package of .registry) registers every op
     from netquant.graph.ops.registry import supported_op_types
 
-    _import_ops()
     return supported_op_types(domain)
 
 

@@ -32,6 +32,10 @@ STAND_IN: dict[int, torch.dtype] = {
     _T.UINT4: torch.uint8, _T.INT4: torch.int8, _T.UINT2: torch.uint8, _T.INT2: torch.int8,
     _T.FLOAT4E2M1: torch.float32, _T.FLOAT6E2M3: torch.float32, _T.FLOAT6E3M2: torch.float32,
 }
+# the sub-byte types the ops compute with (Cast, Q/DQ); float6 is only loaded and saved
+COMPUTED_STAND_IN: dict[int, torch.dtype] = {t: STAND_IN[t] for t in (_T.UINT4, _T.INT4, _T.FLOAT4E2M1, _T.UINT2, _T.INT2)}
+# integer range of each sub-byte integer type
+SUB_BYTE_RANGE: dict[int, tuple[int, int]] = {_T.UINT4: (0, 15), _T.INT4: (-8, 7), _T.UINT2: (0, 3), _T.INT2: (-2, 1)}
 
 # numpy dtypes torch.from_numpy handles directly
 _NUMPY_NATIVE = {np.dtype(t) for t in (np.float32, np.float64, np.float16, np.int8, np.int16, np.int32,

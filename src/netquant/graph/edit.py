@@ -112,10 +112,9 @@ def remove_identity(graph: Graph) -> int:
 def fold_constants(graph: Graph) -> int:
     """Evaluate nodes whose inputs are all initializers (deterministic ops, not producing graph
     outputs); their outputs become initializers.  Returns the number of folded nodes."""
-    from netquant.graph.executor import _import_ops
+    # importing netquant.graph.ops (the package of .registry) registers every op
     from netquant.graph.ops.registry import OpContext, lookup_op
 
-    _import_ops()
     constants_to_initializers(graph)
     count = 0
     consumed: set[str] = set()

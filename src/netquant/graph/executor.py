@@ -33,29 +33,6 @@ NONDETERMINISTIC = {"RandomNormal", "RandomNormalLike", "RandomUniform", "Random
                     "Bernoulli", "Dropout"}
 
 
-_OPS_IMPORTED = False
-
-
-def _import_ops() -> None:
-    """Import every module of netquant.graph.ops (each registers its ops); a broken one only warns."""
-    global _OPS_IMPORTED
-    if _OPS_IMPORTED:
-        return
-    import importlib
-    import pkgutil
-    import warnings
-
-    import netquant.graph.ops as ops_pkg
-
-    for info in pkgutil.iter_modules(ops_pkg.__path__):
-        try:
-            importlib.import_module(f"netquant.graph.ops.{info.name}")
-        except Exception as exc:  # keep the other ops usable; the missing ones raise UnsupportedOpError
-            warnings.warn(f"netquant.graph.ops.{info.name} failed to import: {type(exc).__name__}: {exc}",
-                          stacklevel=2)
-    _OPS_IMPORTED = True
-
-
 def _private_refcount() -> int:
     """sys.getrefcount of a tensor held only by an args list and a local variable, measured in the same
     shape as the in-place check (the exact count differs between Python versions)."""
@@ -146,7 +123,6 @@ class Executor:
         (-30% latency) but not at batch 16, where torch's NHWC BatchNorm is slower.  Same values.
         accumulation: how integer ops (QLinearConv, MatMulInteger, QGemm, ...) sum u8 x s8 products: EXACT
         (the ONNX semantics; VNNI / ARM kernels) or PAIRWISE_INT16 (onnxruntime on x86 without VNNI)."""
-        _import_ops()
         graph = _inline_local_functions(graph)
         self.graph = graph
         self.device = torch.device(device)
@@ -495,7 +471,3 @@ class Executor:
 
         return run_subgraph
 
-
-def run_graph(graph: Graph, inputs: Inputs, device: str | torch.device = "cpu") -> dict[str, Any]:
-    """One-shot convenience: Executor(graph, device).run(inputs)."""
-    return Executor(graph, device).run(inputs)

@@ -6,7 +6,7 @@ import enum
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from netquant.core.config import TensorQuantConfig
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph.ir import Node
 
 

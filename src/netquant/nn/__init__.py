@@ -8,7 +8,6 @@
 """
 
 from netquant.nn.calibrate import calibrate
-from netquant.nn.config import LayerQuantConfig, ModelQuantConfig, QuantizerConfig, QuantRule, dynamic_config
 from netquant.nn.convert import quantize_dynamic, quantize_model, quantizers, set_quant_mode
 from netquant.nn.export import export_onnx
 from netquant.nn.modules import (
@@ -40,6 +39,7 @@ from netquant.nn.modules import (
 )
 from netquant.nn.qat import fold_batchnorm, freeze_observers, fuse_conv_bn, prepare_qat
 from netquant.nn.quantizer import QuantizerRole, QuantMode, TensorQuantizer
+from netquant.nn.rules import LayerQuantConfig, ModelQuantConfig, QuantizerConfig, QuantRule, dynamic_config
 
 __all__ = [
     "ConvBn1d", "ConvBn2d", "ConvBn3d", "QuantConvBn1d", "QuantConvBn2d", "QuantConvBn3d", "fuse_conv_bn",

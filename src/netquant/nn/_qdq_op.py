@@ -13,21 +13,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
-from onnx import TensorProto
 
-from netquant.core.spec import FP8_MAX, Granularity, QuantFormat, QuantSpec
+from netquant.core.qdq_types import FP8_TYPES, INT_RANGES, clip_range, qdq_min_opset, smallest_int_type
+from netquant.core.spec import FP8_DTYPE, FP8_MAX, Granularity, QuantSpec
 from netquant.errors import ExportError
 
 if TYPE_CHECKING:
     from netquant.nn.quantizer import TensorQuantizer
 
-# ONNX element type -> (qmin, qmax) of the container QuantizeLinear saturates to.
-_INT_CONTAINERS = {
-    TensorProto.INT8: (-128, 127), TensorProto.UINT8: (0, 255), TensorProto.INT16: (-32768, 32767),
-    TensorProto.UINT16: (0, 65535), TensorProto.INT4: (-8, 7), TensorProto.UINT4: (0, 15),
-}
-_FP8_TYPES = {TensorProto.FLOAT8E4M3FN: QuantFormat.FP8_E4M3, TensorProto.FLOAT8E5M2: QuantFormat.FP8_E5M2}
-_FP8_TORCH = {TensorProto.FLOAT8E4M3FN: torch.float8_e4m3fn, TensorProto.FLOAT8E5M2: torch.float8_e5m2}
+_FP8_FORMATS = {elem_type: fmt for fmt, elem_type in FP8_TYPES.items()}
 
 
 def _broadcast(param: torch.Tensor, x: torch.Tensor, axis: int, block_size: int) -> torch.Tensor:
@@ -46,10 +40,10 @@ def qdq(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: in
         onnx_type: int) -> torch.Tensor:
     """ONNX QuantizeLinear followed by DequantizeLinear (see module docstring)."""
     s = _broadcast(scale.float(), x, axis, block_size)
-    if onnx_type in _FP8_TYPES:
-        fmax = FP8_MAX[_FP8_TYPES[onnx_type]]
-        return (x / s).clamp(-fmax, fmax).to(_FP8_TORCH[onnx_type]).float() * s
-    qmin, qmax = _INT_CONTAINERS[onnx_type]
+    if onnx_type in _FP8_FORMATS:
+        fmt = _FP8_FORMATS[onnx_type]
+        return (x / s).clamp(-FP8_MAX[fmt], FP8_MAX[fmt]).to(FP8_DTYPE[fmt]).float() * s
+    qmin, qmax = INT_RANGES[onnx_type]
     z = _broadcast(zero_point.float(), x, axis, block_size)
     return (torch.clamp(torch.round(x / s) + z, qmin, qmax) - z) * s
 
@@ -61,23 +55,20 @@ def _qdq_fake(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, ax
 
 
 def onnx_target(spec: QuantSpec, opset: int, where: str) -> tuple[int, bool]:
-    """(ONNX element type of the Q output, whether [qmin, qmax] needs an extra clamp)."""
-    if spec.fmt is QuantFormat.FP8_E4M3 or spec.fmt is QuantFormat.FP8_E5M2:
-        if opset < 19:
+    """(ONNX element type of the Q output, whether [qmin, qmax] needs an extra clamp); see
+    netquant.core.qdq_types."""
+    if spec.is_float:
+        onnx_type = FP8_TYPES[spec.fmt]
+        if opset < qdq_min_opset(onnx_type, spec):
             raise ExportError(f"{where}: FP8 Q/DQ needs opset >= 19, asked for {opset}")
-        return (TensorProto.FLOAT8E4M3FN if spec.fmt is QuantFormat.FP8_E4M3 else TensorProto.FLOAT8E5M2), False
+        return onnx_type, False
     if spec.granularity is Granularity.PER_GROUP and opset < 21:
         raise ExportError(f"{where}: per-group (blocked) Q/DQ needs opset >= 21, asked for {opset}")
-    lo, hi = spec.qmin, spec.qmax
-    candidates = [TensorProto.INT8, TensorProto.UINT8]
-    if opset >= 21:
-        candidates = [TensorProto.INT4, TensorProto.UINT4] + candidates + [TensorProto.INT16, TensorProto.UINT16]
-    for onnx_type in candidates:
-        cmin, cmax = _INT_CONTAINERS[onnx_type]
-        if cmin <= lo and hi <= cmax:
-            return onnx_type, (lo, hi) != (cmin, cmax)
-    raise ExportError(f"{where}: integer range [{lo}, {hi}] ({spec.describe()}) has no ONNX Q/DQ type at opset "
-                      f"{opset}; use opset >= 21 or at most 8 bits")
+    onnx_type = smallest_int_type(spec, opset)
+    if onnx_type is None:
+        raise ExportError(f"{where}: integer range [{spec.qmin}, {spec.qmax}] ({spec.describe()}) has no ONNX Q/DQ "
+                          f"type at opset {opset}; use opset >= 21 or at most 8 bits")
+    return onnx_type, clip_range(spec, onnx_type, exact=True) is not None
 
 
 @dataclass

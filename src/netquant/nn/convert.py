@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from torch import nn
 
 from netquant.errors import ConfigError
-from netquant.nn.config import ModelQuantConfig, dynamic_config
 from netquant.nn.modules import FLOAT_TO_QUANT, FUNCTIONAL_SITES, QuantModule
 from netquant.nn.quantizer import TensorQuantizer
+from netquant.nn.rules import ModelQuantConfig, dynamic_config
 
 
 def quantize_model(model: nn.Module, config: ModelQuantConfig | None = None, *,

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.qparams import choose_qparams
 from netquant.core.spec import Granularity
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.passes.pipeline import PassContext
 
 

@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.qparams import QParams, pow2_ceil
 from netquant.core.spec import QuantSpec, ScaleConstraint
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.graph.op_config import OpQuantConfig, TensorRole
 from netquant.passes.pipeline import PassContext
 from netquant.passes.quant_graph import emits

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.int_kernels import pair_limited_scale
 from netquant.core.qparams import QParams, choose_qparams
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Node
 from netquant.passes.flat_ranges import FlatRanges, clamp_for_observation

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from netquant.core.config import check_deployable
+from netquant.core.tensor_config import check_deployable
 from netquant.passes.pipeline import PassContext
 
 

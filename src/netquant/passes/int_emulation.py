@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from netquant.core.config import TensorQuantConfig
 from netquant.core.int_kernels import (
     Accumulation,
     LayoutKind,
@@ -25,6 +24,7 @@ from netquant.core.int_kernels import (
     quantize_limited,
 )
 from netquant.core.ops import quantize
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph import Node
 from netquant.graph.op_config import TensorRole
 from netquant.platforms.platform import weight_layout

@@ -20,14 +20,13 @@ from typing import Any
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.int_kernels import Accumulation, quantize_limited
 from netquant.core.ops import dequantize, fake_quantize
+from netquant.core.tensor_config import EMITTING_STATES as EMITTING
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph import Executor, Graph, Node
 from netquant.graph.op_config import OpQuantConfig
 from netquant.platforms.platform import Platform
-
-EMITTING = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.BAKED})
 
 
 def emits(cfg: TensorQuantConfig | None) -> bool:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.spec import Granularity, QuantSpec
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import UnsupportedOpError
 from netquant.graph import Graph, Node
 from netquant.graph.op_config import TensorRole

@@ -8,10 +8,10 @@ fixed-point scheme, PPQ's ACADEMIC platform.
 
 from __future__ import annotations
 
-from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy, ScaleConstraint
+from netquant.core import presets
+from netquant.core.spec import QuantSpec, RoundingPolicy, ScaleConstraint
 from netquant.platforms.platform import (
     COMPUTE_RULES,
-    ExportFormat,
     OpRole,
     OpRule,
     OutputPolicy,
@@ -24,7 +24,13 @@ from netquant.platforms.platform import (
 from netquant.platforms.registry import register_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme
 
-HALF_EVEN = RoundingPolicy.ROUND_HALF_EVEN
+_BUILTIN: list[Platform] = []
+
+
+def _builtin(platform: Platform) -> Platform:
+    """Mark a definition below as built in: it joins BUILTIN_PLATFORMS, registered on import (one place)."""
+    _BUILTIN.append(platform)
+    return platform
 
 
 def _rules(*rules: OpRule) -> dict[str, OpRule]:
@@ -55,7 +61,7 @@ ORT_MIN_CONV_MACS = 400
 _ORT_MOVE_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Gather", "Slice",
                  "Expand", "Tile", "MaxPool", "Resize")
 
-ONNXRUNTIME_INT8 = Platform(
+ONNXRUNTIME_INT8 = _builtin(Platform(
     name="onnxruntime_int8",
     description="ONNX Runtime CPU, QDQ: uint8 affine activations, int8 symmetric per-channel weights; "
                 "only ops ORT runs as int8 kernels (Conv, MatMul/Gemm with weights, data movement and "
@@ -81,7 +87,6 @@ ONNXRUNTIME_INT8 = Platform(
     # gives 98.75% (FP32 98.50%) and the classifier 100% (MSE 99.75%), both at 1 and 2 torch threads.
     activation_observer="minmax",
     weight_observer="minmax",
-    export_format=ExportFormat.ONNX_QDQ,
     min_opset=13,
     # target 'any' (every x86-64 / ARM64 CPU) needs weights without int16 pair saturation; chosen by measurement
     # (benchmarks/results/weight_schemes.md, PP-OCRv4 rec and cls, an AVX2 EPYC and a VNNI Xeon): pair-limited
@@ -91,17 +96,17 @@ ONNXRUNTIME_INT8 = Platform(
     safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
     knows_weight_packing=True,
     validation=Validation.ONNXRUNTIME,
-)
+    aliases=("onnxruntime", "ort"),
+))
 
 
 # ---- TensorRT (explicit quantization, Q/DQ on inputs of quantizable layers) --------------------
-_TRT_ACT = QuantSpec.int8(narrow_range=True)
-TENSORRT_INT8 = Platform(
+TENSORRT_INT8 = _builtin(Platform(
     name="tensorrt_int8",
     description="TensorRT explicit INT8: symmetric int8 (amax/127), per-channel weights, Q/DQ on the "
                 "inputs of layers TensorRT runs in int8 (conv, matmul, pooling, residual add)",
-    activation=_TRT_ACT,
-    weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
+    activation=presets.TENSORRT_INT8.activation,
+    weight=presets.TENSORRT_INT8.weight,
     bias=None,  # TensorRT keeps bias in float and fuses it
     rules=_rules(
         *[r.with_(output=OutputPolicy.WHEN_CONSUMED) for r in COMPUTE_RULES.values()],
@@ -114,11 +119,12 @@ TENSORRT_INT8 = Platform(
     fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu")),
     activation_observer="kl",
     weight_observer="minmax",
-)
+    aliases=("tensorrt", "trt"),
+))
 
 
 # ---- OpenVINO (NNCF "performance" preset: symmetric int8 everywhere) ---------------------------
-OPENVINO_INT8 = Platform(
+OPENVINO_INT8 = _builtin(Platform(
     name="openvino_int8",
     description="OpenVINO CPU via NNCF performance preset: int8 symmetric per-tensor activations, "
                 "int8 symmetric per-channel weights (narrow range); FakeQuantize on inputs of "
@@ -141,11 +147,12 @@ OPENVINO_INT8 = Platform(
     # its weight packing order is not known here, so the safe scheme is 7-bit weights
     cpu_target=CpuTarget.ANY,
     safe_weight_scheme=WeightScheme.INT7,
-)
+    aliases=("openvino",),
+))
 
 
 # ---- TFLite / LiteRT full-integer int8 ---------------------------------------------------------
-TFLITE_INT8 = Platform(
+TFLITE_INT8 = _builtin(Platform(
     name="tflite_int8",
     description="TFLite/LiteRT full-integer: int8 affine per-tensor activations, int8 symmetric "
                 "per-channel weights in [-127, 127], int32 bias; every tensor quantized, "
@@ -166,11 +173,12 @@ TFLITE_INT8 = Platform(
     fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu"), ("Add", "Relu")),
     activation_observer="minmax",
     weight_observer="minmax",
-)
+    aliases=("tflite", "litert"),
+))
 
 
 # ---- ncnn int8 ----------------------------------------------------------------------------------
-NCNN_INT8 = Platform(
+NCNN_INT8 = _builtin(Platform(
     name="ncnn_int8",
     description="ncnn int8: symmetric int8 inputs of Convolution/InnerProduct (scale 127/amax, "
                 "KL calibration), per-output-channel weights, round half away from zero; outputs "
@@ -187,11 +195,12 @@ NCNN_INT8 = Platform(
     fusions=(),
     activation_observer="kl",
     weight_observer="minmax",
-)
+    aliases=("ncnn",),
+))
 
 
 # ---- Qualcomm SNPE / QNN HTP (DSP) --------------------------------------------------------------
-QNN_DSP = Platform(
+QNN_DSP = _builtin(Platform(
     name="qnn_dsp",
     description="Qualcomm SNPE/QNN DSP (HTP) 8-bit fixed point: uint8 affine per-tensor activations "
                 "and weights, int32 bias; every tensor quantized",
@@ -202,11 +211,12 @@ QNN_DSP = Platform(
     fusions=TFLITE_INT8.fusions,
     activation_observer="minmax",
     weight_observer="minmax",
-)
+    aliases=("snpe", "qnn"),
+))
 
 
 # ---- PPQ ACADEMIC: inputs of computing ops only --------------------------------------------------
-def _academic(bits: int) -> Platform:
+def _academic(bits: int, aliases: tuple[str, ...] = ()) -> Platform:
     act = QuantSpec(bits=bits, signed=False, symmetric=False)
     wgt = QuantSpec(bits=bits, signed=True, symmetric=True)
     return Platform(
@@ -222,16 +232,17 @@ def _academic(bits: int) -> Platform:
         activation_observer="minmax",
         weight_observer="minmax",
         min_opset=21 if bits == 4 else 13,
+        aliases=aliases,
     )
 
 
-ACADEMIC_INT8 = _academic(8)
-ACADEMIC_INT4 = _academic(4)
+ACADEMIC_INT8 = _builtin(_academic(8, aliases=("academic",)))
+ACADEMIC_INT4 = _builtin(_academic(4))
 
 
 # ---- power-of-two scales (NXP / FPGA style) -------------------------------------------------------
 _POW2 = ScaleConstraint.POWER_OF_TWO
-POW2_INT8 = Platform(
+POW2_INT8 = _builtin(Platform(
     name="pow2_int8",
     description="Power-of-two scales (NXP/FPGA): int8 symmetric, activations per-tensor, weights "
                 "per-channel, scale = 2^k, round half up; every tensor quantized",
@@ -249,30 +260,28 @@ POW2_INT8 = Platform(
     fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu")),
     activation_observer="minmax",
     weight_observer="minmax",
-)
+    aliases=("pow2",),
+))
 
 
 # ---- FP8 E4M3 -------------------------------------------------------------------------------------
-FP8_E4M3 = Platform(
+FP8_E4M3 = _builtin(Platform(
     name="fp8_e4m3",
     description="FP8 E4M3 (scaled, saturating): per-tensor activations, per-channel weights on "
                 "Conv/Gemm/MatMul inputs only (outputs and bias float, so no integer QLinear* fusion "
                 "picks up an FP8 Q/DQ pair)",
-    activation=QuantSpec.fp8_e4m3(),
-    weight=QuantSpec.fp8_e4m3(granularity=Granularity.PER_CHANNEL, axis=0),
+    activation=presets.FP8_E4M3.activation,
+    weight=presets.FP8_E4M3.weight,
     bias=None,
     rules=_rules(*[r.with_(output=OutputPolicy.NEVER) for r in COMPUTE_RULES.values()]),
     fusions=(),
     activation_observer="minmax",
     weight_observer="minmax",
-    export_format=ExportFormat.ONNX_QDQ_FP8,
     min_opset=19,
-)
+    aliases=("fp8",),
+))
 
-BUILTIN_PLATFORMS: tuple[Platform, ...] = (
-    ONNXRUNTIME_INT8, TENSORRT_INT8, OPENVINO_INT8, TFLITE_INT8, NCNN_INT8, QNN_DSP,
-    ACADEMIC_INT8, ACADEMIC_INT4, POW2_INT8, FP8_E4M3,
-)
+BUILTIN_PLATFORMS: tuple[Platform, ...] = tuple(_BUILTIN)
 
 
 def register_builtin_platforms() -> None:

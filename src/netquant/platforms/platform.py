@@ -200,7 +200,6 @@ class Platform:
     activation_observer: str = "minmax"
     weight_observer: str = "minmax"
     observer_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
-    export_format: ExportFormat = ExportFormat.ONNX_QDQ
     min_opset: int = 13
     description: str = ""
     op_hook: OpHook | None = None
@@ -209,6 +208,13 @@ class Platform:
     safe_weight_scheme: WeightScheme = WeightScheme.INT7
     knows_weight_packing: bool = False  # the engine's u8 x s8 K order is known (weight_layout): int8-pairs possible
     validation: Validation = Validation.QDQ_REFERENCE
+    aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
+
+    @property
+    def export_format(self) -> ExportFormat:
+        """How netquant.export writes this platform's model: FP8 QDQ when a spec is a float format, else QDQ."""
+        specs = (self.activation, self.weight, self.bias)
+        return ExportFormat.ONNX_QDQ_FP8 if any(s is not None and s.is_float for s in specs) else ExportFormat.ONNX_QDQ
 
     def __post_init__(self) -> None:
         if not self.name or not isinstance(self.name, str):

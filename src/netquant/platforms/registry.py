@@ -6,13 +6,8 @@ from netquant.errors import ConfigError
 from netquant.platforms.platform import Platform
 
 _PLATFORMS: dict[str, Platform] = {}
-# short names people type (and the CLI accepts): alias -> registered name
-ALIASES: dict[str, str] = {
-    "onnxruntime": "onnxruntime_int8", "ort": "onnxruntime_int8", "tensorrt": "tensorrt_int8",
-    "trt": "tensorrt_int8", "openvino": "openvino_int8", "tflite": "tflite_int8", "litert": "tflite_int8",
-    "ncnn": "ncnn_int8", "snpe": "qnn_dsp", "qnn": "qnn_dsp", "academic": "academic_int8",
-    "pow2": "pow2_int8", "fp8": "fp8_e4m3",
-}
+# short names people type (and the CLI accepts): alias -> registered name; from each Platform's `aliases`
+ALIASES: dict[str, str] = {}
 
 
 def _key(name: str) -> str:
@@ -20,7 +15,7 @@ def _key(name: str) -> str:
 
 
 def register_platform(platform: Platform, *, overwrite: bool = False) -> Platform:
-    """Make `platform` available by name to the API and the CLI; returns it."""
+    """Make `platform` available by name (and by its aliases) to the API and the CLI; returns it."""
     if not isinstance(platform, Platform):
         raise ConfigError(f"register_platform expects a netquant.platforms.Platform, got {type(platform).__name__}")
     key = _key(platform.name)
@@ -28,6 +23,10 @@ def register_platform(platform: Platform, *, overwrite: bool = False) -> Platfor
         raise ConfigError(f"a platform named '{platform.name}' is already registered; "
                           f"pass overwrite=True to replace it")
     _PLATFORMS[key] = platform
+    # an alias keeps naming the first platform that claimed it (copies made with Platform.with_ carry the
+    # aliases of their source)
+    for alias in map(_key, platform.aliases):
+        ALIASES.setdefault(alias, key)
     return platform
 
 

@@ -1,4 +1,6 @@
-"""Shared helpers for the op implementations: dtype maps, attribute/input access, axis handling."""
+"""Shared helpers for the op implementations: dtype lookups, attribute/input access, axis handling.
+
+The ONNX <-> torch dtype tables live in netquant.graph.dtypes."""
 
 from __future__ import annotations
 
@@ -8,24 +10,9 @@ from typing import Any
 import torch
 
 from netquant.errors import UnsupportedOpError
+from netquant.graph.dtypes import ONNX_TO_TORCH
 
 from .registry import OpContext
-
-# ONNX TensorProto.DataType -> torch dtype (types torch lacks are absent).
-ONNX_TO_TORCH: dict[int, torch.dtype] = {
-    1: torch.float32, 2: torch.uint8, 3: torch.int8, 4: torch.uint16, 5: torch.int16, 6: torch.int32,
-    7: torch.int64, 9: torch.bool, 10: torch.float16, 11: torch.float64, 12: torch.uint32, 13: torch.uint64,
-    14: torch.complex64, 15: torch.complex128, 16: torch.bfloat16, 17: torch.float8_e4m3fn,
-    18: torch.float8_e4m3fnuz, 19: torch.float8_e5m2, 20: torch.float8_e5m2fnuz, 24: torch.float8_e8m0fnu,
-}
-TORCH_TO_ONNX: dict[torch.dtype, int] = {v: k for k, v in ONNX_TO_TORCH.items()}
-
-# Sub-byte ONNX types, held in a wider torch "stand-in" dtype with the same values (see netquant.graph.dtypes).
-UINT4, INT4, FLOAT4E2M1, UINT2, INT2 = 21, 22, 23, 25, 26
-STAND_IN: dict[int, torch.dtype] = {UINT4: torch.uint8, INT4: torch.int8, FLOAT4E2M1: torch.float32,
-                                    UINT2: torch.uint8, INT2: torch.int8}
-# integer range of each sub-byte integer type
-SUB_BYTE_RANGE: dict[int, tuple[int, int]] = {UINT4: (0, 15), INT4: (-8, 7), UINT2: (0, 3), INT2: (-2, 1)}
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2, torch.float8_e5m2fnuz,
           torch.float8_e8m0fnu)
@@ -96,5 +83,8 @@ def scalar(t: torch.Tensor | None, default: Any = None) -> Any:
     return t.reshape(-1)[0].item()
 
 
-def unwrap_sequence(x: Any) -> Any:
-    return x
+def subgraph_runner(ctx: OpContext) -> Any:
+    """ctx.run_subgraph (runs a graph attribute), or UnsupportedOpError outside an Executor."""
+    if ctx.run_subgraph is None:
+        raise UnsupportedOpError(ctx.unsupported("running a subgraph outside an Executor"))
+    return ctx.run_subgraph

@@ -5,15 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from onnx import TensorProto
 
 from netquant.errors import UnsupportedOpError
+from netquant.graph.dtypes import COMPUTED_STAND_IN, SUB_BYTE_RANGE, TORCH_TO_ONNX
 
 from ._util import (
-    FLOAT4E2M1,
     FLOAT8,
-    STAND_IN,
-    SUB_BYTE_RANGE,
-    TORCH_TO_ONNX,
     WIDE_UNSIGNED,
     elem_type_of,
     onnx_dtype,
@@ -92,7 +90,7 @@ def to_float4_e2m1(x: Tensor) -> Tensor:
 def to_sub_byte(x: Tensor, elem_type: int) -> Tensor:
     """Cast to a sub-byte ONNX type (value in its stand-in dtype): integers truncate toward zero and wrap
     modulo 2^bits (NaN/inf -> 0), as numpy's astype to ml_dtypes int4 / uint4 / int2 / uint2 does."""
-    if elem_type == FLOAT4E2M1:
+    if elem_type == TensorProto.FLOAT4E2M1:
         return to_float4_e2m1(x.float() if x.dtype in FLOAT8 else x)
     lo, hi = SUB_BYTE_RANGE[elem_type]
     span = hi - lo + 1
@@ -102,7 +100,7 @@ def to_sub_byte(x: Tensor, elem_type: int) -> Tensor:
         t = xf.to(torch.int64)
     else:
         t = widen(x).to(torch.int64)
-    return (torch.remainder(t - lo, span) + lo).to(STAND_IN[elem_type])
+    return (torch.remainder(t - lo, span) + lo).to(COMPUTED_STAND_IN[elem_type])
 
 
 def cast_to(x: Tensor, dtype: torch.dtype, saturate: bool = True, round_mode: str = "up") -> Tensor:
@@ -145,7 +143,7 @@ def _target(ctx: OpContext, attrs: dict[str, Any]) -> torch.dtype:
 @register_op("Cast")
 def cast(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     to = _to_code(attrs["to"], ctx)
-    if to in STAND_IN:
+    if to in COMPUTED_STAND_IN:
         return [to_sub_byte(inputs[0], to)]
     return [cast_to(inputs[0], _target(ctx, attrs), bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up"))]
 
@@ -153,7 +151,7 @@ def cast(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> 
 @register_op("CastLike")
 def cast_like(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     target = elem_type_of(ctx, "input", 1)
-    if target in STAND_IN:
+    if target in COMPUTED_STAND_IN:
         return [to_sub_byte(inputs[0], target)]
     return [cast_to(inputs[0], inputs[1].dtype, bool(attrs.get("saturate", 1)), attrs.get("round_mode", "up"))]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from onnx import TensorProto
 
 from netquant.core.int_kernels import (
     Accumulation,
@@ -18,8 +19,9 @@ from netquant.core.int_kernels import (
     pairwise_correction,
 )
 from netquant.errors import UnsupportedOpError
+from netquant.graph.dtypes import COMPUTED_STAND_IN, SUB_BYTE_RANGE
 
-from ._util import FLOAT4E2M1, FLOAT8, STAND_IN, SUB_BYTE_RANGE, axis_of, elem_type_of, onnx_dtype, opt
+from ._util import FLOAT8, axis_of, elem_type_of, onnx_dtype, opt
 from .cast import to_float4_e2m1, to_float8
 from .conv import conv_nd, resolve_pads
 from .registry import OpContext, register_op
@@ -50,13 +52,13 @@ def quantize(x: Tensor, scale: Tensor, zp: Tensor | None, dtype: torch.dtype, sa
     elem_type: a sub-byte ONNX type (INT4, UINT4, INT2, UINT2, FLOAT4E2M1) held in its stand-in dtype."""
     compute = torch.float64 if x.dtype == torch.float64 else torch.float32
     v = x.to(compute) / scale.to(compute)
-    if elem_type == FLOAT4E2M1:
+    if elem_type == TensorProto.FLOAT4E2M1:
         return to_float4_e2m1(v)
     if dtype in FLOAT8:
         return to_float8(v, dtype, saturate)
     if elem_type in SUB_BYTE_RANGE:
         lo, hi = SUB_BYTE_RANGE[elem_type]
-        dtype = STAND_IN[elem_type]
+        dtype = COMPUTED_STAND_IN[elem_type]
     elif dtype not in _INT_RANGE:
         raise UnsupportedOpError(f"QuantizeLinear: output type {dtype} is not supported")
     else:
@@ -86,16 +88,16 @@ def quantize_linear(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpC
         elem = elem_type_of(ctx, "input", 2) or elem
     elif attrs.get("output_dtype"):
         elem = int(attrs["output_dtype"])
-        dtype = STAND_IN[elem] if elem in STAND_IN else onnx_dtype(elem, ctx, "output_dtype")
+        dtype = COMPUTED_STAND_IN[elem] if elem in COMPUTED_STAND_IN else onnx_dtype(elem, ctx, "output_dtype")
     else:
         dtype = torch.uint8
-    if elem not in STAND_IN:
+    if elem not in COMPUTED_STAND_IN:
         elem = None
     if elem is None and dtype not in _INT_RANGE and dtype not in FLOAT8:
         raise UnsupportedOpError(ctx.unsupported(f"output type {dtype}"))
     s = broadcast_param(scale, x, axis, block)
     z = broadcast_param(zp, x, axis, block) if zp is not None and dtype not in FLOAT8 and \
-        elem != FLOAT4E2M1 else None
+        elem != TensorProto.FLOAT4E2M1 else None
     return [quantize(x, s, z, dtype, bool(attrs.get("saturate", 1)), elem)]
 
 

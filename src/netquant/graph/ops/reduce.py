@@ -1,4 +1,4 @@
-"""Reductions (ReduceX, ArgMax/ArgMin).  Axes are an attribute before opset 13 (ReduceSum) / 18 (others)
+"""Reductions and scans along axes (ReduceX, ArgMax/ArgMin, TopK, CumSum/CumProd).  Axes are an attribute before opset 13 (ReduceSum) / 18 (others)
 and an optional input after; `noop_with_empty_axes` decides what empty axes mean."""
 
 from __future__ import annotations
@@ -140,3 +140,50 @@ def _arg(op_type: str, largest: bool) -> None:
 
 _arg("ArgMax", True)
 _arg("ArgMin", False)
+
+
+def _cum(op_type: str, fn) -> None:
+    @register_op(op_type)
+    def impl(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+        x, axis = inputs[0], inputs[1]
+        a = axis_of(int(axis.reshape(-1)[0]), x.dim())
+        dt = x.dtype
+        y = widen(x)
+        rev = attrs.get("reverse", 0)
+        if rev:
+            y = y.flip(a)
+        out = fn(y, a)
+        if attrs.get("exclusive", 0):
+            ident = torch.zeros_like if op_type == "CumSum" else torch.ones_like
+            first = ident(out.narrow(a, 0, 1))
+            out = torch.cat([first, out.narrow(a, 0, out.shape[a] - 1)], dim=a)
+        if rev:
+            out = out.flip(a)
+        return [out.to(dt)]
+
+    impl.__name__ = op_type.lower()
+
+
+_cum("CumSum", lambda x, a: torch.cumsum(x, a))
+_cum("CumProd", lambda x, a: torch.cumprod(x, a))
+
+
+@register_op("TopK")
+def topk_v1(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    return _topk(inputs[0], attrs["k"], attrs.get("axis", -1), True, True)
+
+
+@register_op("TopK", since=10)
+def topk(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    return _topk(inputs[0], int(inputs[1].reshape(-1)[0]), attrs.get("axis", -1),
+                 bool(attrs.get("largest", 1)), bool(attrs.get("sorted", 1)))
+
+
+def _topk(x: Tensor, k: int, axis: int, largest: bool, sort: bool) -> list[Tensor]:
+    """Ties resolve to the lower index (ONNX); torch.topk does not promise that, so use a stable sort."""
+    a = axis_of(axis, x.dim())
+    xs = widen(x)
+    order = torch.sort(xs, dim=a, descending=largest, stable=True)
+    vals = order.values.narrow(a, 0, k).to(x.dtype)
+    idx = order.indices.narrow(a, 0, k)
+    return [vals, idx]

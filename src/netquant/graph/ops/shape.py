@@ -1,4 +1,4 @@
-"""Shape, layout, indexing and data-movement ops."""
+"""Shape, layout, indexing and data-movement ops, and Constant / ConstantOfShape."""
 
 from __future__ import annotations
 
@@ -545,3 +545,19 @@ def col2im(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -
     out = out.scatter_add(2, flat.reshape(1, 1, -1).expand(n, c, -1), cols)
     out = out.reshape(n, c, *padded)
     return [out[(slice(None), slice(None), *[slice(pads[i], pads[i] + image[i]) for i in range(nd)])]]
+
+
+@register_op("Constant")
+def constant(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    if "value" in attrs:
+        v = attrs["value"]
+        return [v if isinstance(v, torch.Tensor) else torch.as_tensor(v)]
+    if "value_float" in attrs:
+        return [torch.tensor(attrs["value_float"], dtype=torch.float32)]
+    if "value_floats" in attrs:
+        return [torch.tensor(list(attrs["value_floats"]), dtype=torch.float32)]
+    if "value_int" in attrs:
+        return [torch.tensor(attrs["value_int"], dtype=torch.int64)]
+    if "value_ints" in attrs:
+        return [torch.tensor(list(attrs["value_ints"]), dtype=torch.int64)]
+    raise UnsupportedOpError(ctx.unsupported(f"attribute(s) {sorted(attrs)} (string / sparse constants)"))

@@ -7,8 +7,8 @@ from typing import ClassVar
 from torch import nn
 
 from netquant.core.spec import Granularity, QuantSpec
-from netquant.nn.config import LayerQuantConfig, QuantizerConfig
 from netquant.nn.quantizer import QuantizerRole, TensorQuantizer
+from netquant.nn.rules import LayerQuantConfig, QuantizerConfig
 
 
 def make_quantizer(cfg: QuantizerConfig | None, role: QuantizerRole, name: str = "",

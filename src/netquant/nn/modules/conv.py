@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from netquant.nn.config import LayerQuantConfig
 from netquant.nn.modules.base import QuantModule
+from netquant.nn.rules import LayerQuantConfig
 
 
 class _QuantConvNd(QuantModule):

@@ -13,9 +13,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from netquant.nn.config import LayerQuantConfig
 from netquant.nn.modules.base import QuantModule, make_quantizer
 from netquant.nn.quantizer import QuantizerRole
+from netquant.nn.rules import LayerQuantConfig
 
 
 class _FunctionalSite(nn.Module, QuantModule):

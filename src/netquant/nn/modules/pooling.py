@@ -7,8 +7,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from netquant.nn.config import LayerQuantConfig
 from netquant.nn.modules.base import QuantModule
+from netquant.nn.rules import LayerQuantConfig
 
 
 class _QuantPool(QuantModule):

@@ -12,9 +12,9 @@ from typing import Any
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from netquant.nn.config import LayerQuantConfig, QuantizerConfig
 from netquant.nn.modules.base import QuantModule, make_quantizer, retarget_weight_spec
 from netquant.nn.quantizer import QuantizerRole, TensorQuantizer
+from netquant.nn.rules import LayerQuantConfig, QuantizerConfig
 
 
 class QuantLSTM(nn.LSTM, QuantModule):

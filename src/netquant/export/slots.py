@@ -8,13 +8,9 @@ from typing import Any
 
 import torch
 
-from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.core.spec import Granularity, QuantSpec
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
-
-# states whose params mean "this tensor is quantized at this point"
-EMITTING_STATES = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.BAKED})
-UNDEPLOYABLE_STATES = frozenset({QuantState.INITIAL, QuantState.PASSIVE_INIT})
 
 
 def unwrap(qmodel: Any) -> Any:
@@ -41,8 +37,8 @@ def root(cfg: TensorQuantConfig) -> TensorQuantConfig:
 
 
 def emits(cfg: TensorQuantConfig | None) -> bool:
-    """True when this config puts a quantizer at its own place (not OVERLAPPED / FP32 / SOI)."""
-    if cfg is None or cfg.state not in EMITTING_STATES:
+    """TensorQuantConfig.emits (a quantizer at its own place), with ExportError on a dominated_by cycle."""
+    if cfg is None or not cfg.state.emits:
         return False
     return root(cfg).params is not None
 
@@ -90,7 +86,7 @@ def iter_slots(qgraph: Any) -> Iterator[Slot]:
 def check_deployable(qgraph: Any) -> None:
     """ExportError naming every config still INITIAL / PASSIVE_INIT (not calibrated / not derived)."""
     bad = [f"{s.node} {'input' if s.is_input else 'output'} {s.index} ('{s.tensor}', {s.config.state.name})"
-           for s in iter_slots(qgraph) if s.config.state in UNDEPLOYABLE_STATES]
+           for s in iter_slots(qgraph) if s.config.state.is_pending]
     if bad:
         more = f" and {len(bad) - 10} more" if len(bad) > 10 else ""
         raise ExportError(f"{len(bad)} quantization configs are not deployable (never calibrated or "

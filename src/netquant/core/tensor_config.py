@@ -33,15 +33,24 @@ class QuantState(enum.Enum):
     @property
     def uses_params(self) -> bool:
         """True for the states whose tensor is quantized with params at inference."""
-        return self in _ACTIVE_STATES
+        return self in ACTIVE_STATES
+
+    @property
+    def emits(self) -> bool:
+        """True for the states that put a quantizer at the tensor's own place (Q/DQ in an export);
+        OVERLAPPED uses its dominator's quantizer, the others quantize nothing."""
+        return self in EMITTING_STATES
 
     @property
     def is_pending(self) -> bool:
         """True for the states that still wait for params (not deployable)."""
-        return self in (QuantState.INITIAL, QuantState.PASSIVE_INIT)
+        return self in PENDING_STATES
 
 
-_ACTIVE_STATES = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.OVERLAPPED, QuantState.BAKED})
+# The one definition of what each state means; exporters and passes ask these (or the properties above).
+ACTIVE_STATES = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.OVERLAPPED, QuantState.BAKED})
+EMITTING_STATES = frozenset({QuantState.ACTIVATED, QuantState.PASSIVE, QuantState.BAKED})
+PENDING_STATES = frozenset({QuantState.INITIAL, QuantState.PASSIVE_INIT})
 
 
 @dataclass(eq=False)
@@ -89,6 +98,11 @@ class TensorQuantConfig:
     def is_active(self) -> bool:
         """True if the tensor is quantized with params (ACTIVATED, PASSIVE, OVERLAPPED, BAKED)."""
         return self.state.uses_params
+
+    @property
+    def emits(self) -> bool:
+        """True if the tensor is quantized at this config's own place: an emitting state with effective params."""
+        return self.state.emits and self.effective_params is not None
 
     def overlap_with(self, dominator: TensorQuantConfig) -> None:
         """Share `dominator`'s params from now on: dominated_by = dominator, state = OVERLAPPED.
