@@ -386,8 +386,8 @@ class Quantizer:
                     cfg.overlap_with(producer_cfg)
 
         qgraph = QuantizedGraph(graph, p, op_configs, self.warnings)
-        qgraph.info["shared_scale_groups"] = shared_groups
-        qgraph.info["fusions"] = {t.name: h for h, t in tail_of.items()}
+        qgraph.shared_scale_groups = shared_groups
+        qgraph.fusions = {t.name: h for h, t in tail_of.items()}
 
         # platform hook, then user spec overrides already applied above; hook runs per quantized op
         if p.op_hook is not None:
