@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
@@ -24,6 +23,7 @@ from netquant.core.ops import quantize
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.errors import ExportError
 from netquant.export.configs import Slot, emits, iter_slots, params_of, root
+from netquant.passes.quant_graph import QuantizedGraph
 
 TORCH_TO_ONNX = {
     torch.int8: TensorProto.INT8,
@@ -56,9 +56,9 @@ def _storage(spec: QuantSpec, constant: bool) -> torch.dtype:
     return dtype
 
 
-def required_opset(qgraph: Any) -> int:
+def required_opset(qgraph: QuantizedGraph) -> int:
     """Lowest ai.onnx opset that can express every quantizer of `qgraph` as QDQ."""
-    need = max(13, int(getattr(qgraph.platform, "min_opset", 13)))
+    need = max(13, int(qgraph.platform.min_opset))
     initializers = qgraph.graph.initializers
     for slot in iter_slots(qgraph):
         if not emits(slot.config):
@@ -89,7 +89,7 @@ def _clip_range(spec: QuantSpec, dtype: torch.dtype) -> tuple[int, int] | None:
 class QdqBuilder:
     """Inserts Q/DQ nodes into an ONNX copy of a QuantizedGraph's FP32 graph."""
 
-    def __init__(self, qgraph: Any, model: onnx.ModelProto) -> None:
+    def __init__(self, qgraph: QuantizedGraph, model: onnx.ModelProto) -> None:
         self.qgraph = qgraph
         self.model = model
         self.graph = model.graph
