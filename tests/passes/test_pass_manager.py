@@ -1,9 +1,11 @@
 """The pass infrastructure: declared requires / ensures checked by the PassManager, user passes in
-quantize_onnx, progress events apart from pass logic, and the typed facts passes record."""
+quantize_onnx, progress events apart from pass logic, the typed facts passes record, and export taking
+the typed QuantizedModel / QuantizedGraph."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import ClassVar
 
 import numpy as np
@@ -13,7 +15,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 import netquant
 from netquant.core.config import QuantState
-from netquant.errors import ConfigError
+from netquant.errors import ConfigError, ExportError
+from netquant.export.configs import unwrap
+from netquant.export.params import quant_params
 from netquant.graph import load_onnx
 from netquant.passes import (
     Condition,
@@ -167,3 +171,12 @@ def test_progress_events_come_from_the_manager_and_tracked_loops() -> None:
     calib = events.index("begin calibration")
     assert events[calib + 1:calib + 4] == ["calibrating 2", "calibrating 2", "end calibration"]
     assert [e for e in events if e.startswith("end ")] == [f"end {n}" for n in DEFAULT_NAMES]
+
+
+def test_export_takes_the_model_or_its_graph_and_refuses_lookalikes() -> None:
+    qm = netquant.quantize_onnx(conv_identity_relu(), batches(), "tflite_int8", quiet=True)
+    assert unwrap(qm) is qm.qgraph and unwrap(qm.qgraph) is qm.qgraph
+    assert quant_params(qm) == quant_params(qm.qgraph) and quant_params(qm)["platform"] == "tflite_int8"
+    fake = SimpleNamespace(graph=qm.graph, op_configs=qm.qgraph.op_configs, quantized_graph=qm.qgraph)
+    with pytest.raises(ExportError, match="cannot export a SimpleNamespace: expected a netquant QuantizedModel"):
+        quant_params(fake)  # type: ignore[arg-type]

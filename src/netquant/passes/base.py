@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import ClassVar, TypeVar
 
-from netquant.core.config import QuantState
+from netquant.core.config import QuantState, TensorQuantConfig
 from netquant.errors import ConfigError
 from netquant.graph import Graph
 from netquant.graph.op_config import TensorRole
@@ -62,11 +62,12 @@ def _unmet_configs(ctx: PassContext) -> str | None:
     return None if ctx.qgraph is not None else "no quantized graph (BuildConfigsPass)"
 
 
-def _first(ctx: PassContext, bad: str, pred: object) -> str | None:
+def _first(ctx: PassContext, bad: str, pred: Callable[[TensorQuantConfig], bool]) -> str | None:
+    """`bad`, naming the first config for which `pred` holds (None if there is none)."""
     if ctx.qgraph is None:
         return "no quantized graph (BuildConfigsPass)"
     for cfg in ctx.qgraph.configs():
-        if pred(cfg):  # type: ignore[operator]
+        if pred(cfg):
             return f"config of tensor '{cfg.name}' {bad}"
     return None
 
