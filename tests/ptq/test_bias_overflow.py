@@ -19,8 +19,9 @@ import netquant
 from netquant.core.qparams import EPS, QParams
 from netquant.export import export_qdq
 from netquant.graph import load_onnx
+from netquant.passes.base import PassContext
 from netquant.passes.bias import BiasOverflowWarning, BiasPass, bias_limit
-from netquant.passes.pipeline import PassContext, run_passes
+from netquant.passes.manager import PassManager
 from netquant.passes.ptq import default_passes
 from netquant.passes.settings import QuantSettings
 
@@ -118,7 +119,7 @@ def test_overflowing_channels_get_the_formula_weight_scale_and_no_clip(ort_mixed
     messages = [str(c.message) for c in caught if issubclass(c.category, BiasOverflowWarning)]
     assert len(messages) == 1 and "2 of 4 output channel(s)" in messages[0] and "'conv'" in messages[0]
     assert not any("clipped" in str(c.message) for c in caught)
-    (adj,) = qm.qgraph.info["bias_scale_adjustments"]
+    (adj,) = qm.qgraph.bias_scale_adjustments
     assert (adj.op, adj.channels, adj.total_channels) == ("conv", 2, 4)
     assert any("2 of 4 output channel(s)" in m for m in qm.warnings)
 
@@ -177,7 +178,7 @@ def test_no_adjustment_when_bias_fits() -> None:
     model = conv_model(w, np.array([0.1, -0.5, 1.0, 2.0]))
     qm, caught = quantize(model, "onnxruntime_int8")
     _, w_cfg, _, _ = conv_configs(qm)
-    assert qm.qgraph.info["bias_scale_adjustments"] == []
+    assert qm.qgraph.bias_scale_adjustments == []
     assert not any(issubclass(c.category, BiasOverflowWarning) for c in caught)
     np.testing.assert_allclose(w_cfg.effective_params.scale.double().numpy(),
                                minmax_weight_scale(w, w_cfg.spec, per_channel=True), rtol=1e-6)
@@ -190,7 +191,7 @@ def test_per_tensor_weight_scale_enlarged_and_export_matches_fp32(tmp_path: Path
     qm, caught = quantize(model, "academic_int8")
     assert not any("clipped" in str(c.message) for c in caught)
     a_cfg, w_cfg, b_cfg, _ = conv_configs(qm)
-    (adj,) = qm.qgraph.info["bias_scale_adjustments"]
+    (adj,) = qm.qgraph.bias_scale_adjustments
     assert (adj.channels, adj.per_tensor) == (2, True)  # biases 20 and -30 overflow; one scale grows for all
     assert any("per-tensor weight scale of 'w'" in str(c.message) for c in caught)
     w_spec = w_cfg.spec
@@ -218,7 +219,7 @@ def test_power_of_two_weight_scale_is_rounded_up() -> None:
     qm, caught = quantize(model, "pow2_int8")
     assert not any("clipped" in str(c.message) for c in caught)
     a_cfg, w_cfg, b_cfg, _ = conv_configs(qm)
-    (adj,) = qm.qgraph.info["bias_scale_adjustments"]
+    (adj,) = qm.qgraph.bias_scale_adjustments
     s_in = float(a_cfg.effective_params.scale)
     need = np.abs(b[[1, 2]].astype(np.float64)) / (s_in * adj.limit)
     got = w_cfg.effective_params.scale.double().numpy()[[1, 2]]
@@ -249,7 +250,7 @@ def test_degenerate_input_scale_falls_back_to_clipping_with_warning() -> None:
     ctx = PassContext(settings=settings, graph=load_onnx(model))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        run_passes(passes[:bias_at], ctx)
+        PassManager(passes[:bias_at]).run(ctx)
     oc = ctx.qgraph.op_configs["conv"]
     a_cfg = next(oc.inputs[i] for i, r in oc.roles.items() if r == "activation")
     w_cfg = oc.weight_config()
@@ -257,6 +258,6 @@ def test_degenerate_input_scale_falls_back_to_clipping_with_warning() -> None:
     w_before = w_cfg.params.scale.clone()
     with pytest.warns(BiasOverflowWarning, match=r"'conv'.*input scale is 0.*clipped"):
         BiasPass().run(ctx)
-    assert ctx.qgraph.info["bias_scale_adjustments"] == []
+    assert ctx.qgraph.bias_scale_adjustments == []
     assert torch.equal(w_cfg.params.scale, w_before)  # nothing enlarged
     assert any("clipped" in m for m in ctx.qgraph.warnings)

@@ -147,7 +147,7 @@ def test_tensorrt_quantizes_inputs_and_shares_concat_scale():
     assert add.roles == {0: "activation", 1: "activation"}
     assert add.outputs[0].state is QuantState.FP32  # its consumer (Sigmoid) is float in TensorRT's scheme
     assert qg.op_configs["conv3"].outputs[0].state is QuantState.FP32  # graph output: no consumer quantizes
-    groups = qg.info["shared_scale_groups"]
+    groups = qg.shared_scale_groups
     assert len(groups) == 1 and len(groups[0]) == 3  # Concat: its two inputs and its output
     assert qg.op_configs["conv1"].inputs[2].state is QuantState.FP32  # TensorRT keeps bias float
 

@@ -105,7 +105,7 @@ def test_shared_scale_group_is_aligned_after_calibration():
     for p in params[1:]:
         assert torch.equal(p.scale, params[0].scale) and torch.equal(p.zero_point, params[0].zero_point)
     # the shared scale covers every member: at least the largest |value| seen by the KL observers
-    assert qg.info["aligned_groups"] == 1
+    assert qg.aligned_groups == 1
 
 
 def test_relu_fused_output_has_no_negative_range():

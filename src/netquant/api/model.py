@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -63,7 +64,7 @@ class QuantizedModel:
         return self.qgraph.quantized_ops()
 
     def summary(self) -> dict[str, Any]:
-        """Counts and timings of this quantization run."""
+        """Counts and timings of this quantization run (timings_s: wall seconds per pass and in total)."""
         types: dict[str, int] = {}
         graph = self.qgraph.graph
         quantized = set(self.quantized_ops())
@@ -72,6 +73,8 @@ class QuantizedModel:
                 types[n.op_type] = types.get(n.op_type, 0) + 1
         return {"platform": self.platform.name, "ops": len(graph.nodes), "quantized_ops": len(quantized),
                 "quantized_by_type": dict(sorted(types.items())), "timings_s": dict(self.timings),
+                "cleanup": dataclasses.asdict(self.qgraph.cleanup),
+                "calibration": dataclasses.asdict(self.qgraph.calibration),
                 "warnings": list(self.warnings)}
 
     # ---- running ---------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from netquant.api.model import QuantizedModel
 from netquant.errors import ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx
+from netquant.passes.base import PassBase
 from netquant.passes.ptq import quantize_graph
 from netquant.passes.settings import QuantSettings
 from netquant.platforms import Platform
@@ -79,9 +80,12 @@ def _check_float32(graph: Graph, source: str) -> None:
 
 
 def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
-                  platform: str | Platform = DEFAULT_PLATFORM, **settings: Any) -> QuantizedModel:
+                  platform: str | Platform = DEFAULT_PLATFORM, *, passes: Sequence[PassBase] = (),
+                  **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
 
+    passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
+    after bias quantization and before the final deployability check (so they see calibrated params).
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...).
     """
@@ -89,7 +93,7 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
-    qgraph, timings = quantize_graph(graph, calib_data, s)
+    qgraph, timings = quantize_graph(graph, calib_data, s, extra_passes=passes)
     timings = {**timings, "total": time.perf_counter() - t0}
     from netquant.passes.calib_data import CalibrationData
 

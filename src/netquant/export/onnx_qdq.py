@@ -16,7 +16,7 @@ from netquant.errors import ExportError
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
 from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
 from netquant.export.qdq import QdqBuilder, required_opset
-from netquant.export.slots import check_deployable, unwrap
+from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
     DEFAULT_MAX_ERROR_RATIO,
     check_model,
@@ -25,6 +25,7 @@ from netquant.export.validate import (
     ort_session,
     validation_feeds,
 )
+from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
 
@@ -76,7 +77,7 @@ class ExportReport:
                 + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
 
 
-def build_qdq_model(qmodel: Any, *, opset: int | None = None,
+def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
                     feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
     """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
 
@@ -116,7 +117,7 @@ def build_qdq_model(qmodel: Any, *, opset: int | None = None,
                                                                                  ignore_unknown=True))
     lower_ir_version(model)
     model.producer_name, model.producer_version = "netquant", _version()
-    platform = getattr(qgraph.platform, "name", "")
+    platform = qgraph.platform.name
     if platform:
         onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
                                             "netquant.platform": platform})
@@ -129,7 +130,7 @@ def _version() -> str:
     return __version__
 
 
-def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None = None, validate: bool = True,
+def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int | None = None, validate: bool = True,
                sample: Any = None, min_cosine: float = 0.98, max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
                check_kernels: bool = True) -> ExportReport:
     """Write `qmodel` as an ONNX QDQ model at `path`, whole or not at all.
@@ -151,7 +152,7 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
         check_target_arithmetic(qgraph, where)
     model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
     agreement = {}
-    in_engine = getattr(qgraph.platform, "validation", Validation.QDQ_REFERENCE) is Validation.ONNXRUNTIME
+    in_engine = qgraph.platform.validation is Validation.ONNXRUNTIME
     # fused int8 kernels run this machine's arithmetic; the Q/DQ reference computes exactly
     accumulation = (host_accumulation() if in_engine else Accumulation.EXACT) if validate else None
     with atomic_path(path, "ONNX model") as tmp:
@@ -174,7 +175,7 @@ def export_qdq(qmodel: Any, path: str | os.PathLike[str], *, opset: int | None =
                                             else "Q/DQ reference (onnxruntime, no fusion)"),
         output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
         output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
-        accumulation=accumulation, cpu_target=getattr(getattr(qgraph.platform, "cpu_target", None), "value", None),
+        accumulation=accumulation, cpu_target=qgraph.platform.cpu_target.value if qgraph.platform.cpu_target is not None else None,
         int8_kernels=kernels,
         runtime_qdq=ort_runtime_qdq(counts) if counts is not None else None,
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
@@ -210,7 +211,7 @@ def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     return out
 
 
-def _fp32_bytes(qgraph: Any) -> int:
+def _fp32_bytes(qgraph: QuantizedGraph) -> int:
     from netquant.graph import to_onnx
 
     return to_onnx(qgraph.graph, check=False).ByteSize()

@@ -17,7 +17,7 @@ import torch
 
 from netquant.atomic import write_text_atomic
 from netquant.errors import ExportError
-from netquant.export.slots import emits, iter_slots, params_of, root, unwrap
+from netquant.export.slots import Exportable, emits, iter_slots, params_of, root, unwrap
 
 
 def _floats(t: torch.Tensor) -> float | list[float]:
@@ -30,7 +30,7 @@ def _ints(t: torch.Tensor) -> int | list[int]:
     return values[0] if t.dim() == 0 else values
 
 
-def quant_params(qmodel: Any) -> dict[str, Any]:
+def quant_params(qmodel: Exportable) -> dict[str, Any]:
     """Every config of every op: tensor, place, state, spec, scale, zero point and real range."""
     qgraph = unwrap(qmodel)
     records = []
@@ -68,13 +68,13 @@ def quant_params(qmodel: Any) -> dict[str, Any]:
     return {
         "format": "netquant-quant-params/1",
         "model": qgraph.graph.name,
-        "platform": getattr(qgraph.platform, "name", str(qgraph.platform)),
+        "platform": qgraph.platform.name,
         "opset": qgraph.graph.opset,
         "configs": records,
     }
 
 
-def export_quant_params_json(qmodel: Any, path: str | os.PathLike[str]) -> Path:
+def export_quant_params_json(qmodel: Exportable, path: str | os.PathLike[str]) -> Path:
     """Write quant_params(qmodel) as indented JSON, whole or not at all."""
     params = quant_params(qmodel)
     try:
@@ -91,7 +91,7 @@ def scale_hex(scale: float) -> str:
     return f"{struct.unpack('>I', struct.pack('>f', float(scale)))[0]:08x}"
 
 
-def trt_scales(qmodel: Any) -> dict[str, float]:
+def trt_scales(qmodel: Exportable) -> dict[str, float]:
     """Per-tensor symmetric int8 scale (amax / 127) of every quantized activation, in graph order.
 
     A tensor's producer-output quantizer wins over its consumers'; affine params are converted to the
@@ -116,7 +116,7 @@ def trt_scales(qmodel: Any) -> dict[str, float]:
     return scales
 
 
-def export_trt_calibration_cache(qmodel: Any, path: str | os.PathLike[str], *, trt_version: str = "8601",
+def export_trt_calibration_cache(qmodel: Exportable, path: str | os.PathLike[str], *, trt_version: str = "8601",
                                  algorithm: str = "EntropyCalibration2") -> Path:
     """Write a TensorRT calibration cache for the quantized activations (whole or not at all)."""
     lines = [f"TRT-{trt_version}-{algorithm}"]

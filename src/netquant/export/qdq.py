@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import onnx
@@ -26,6 +25,7 @@ from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
 from netquant.export.slots import Slot, emits, iter_slots, params_of, root
 from netquant.graph.dtypes import TORCH_TO_ONNX
+from netquant.passes.quant_graph import QuantizedGraph
 
 
 @dataclass
@@ -47,9 +47,9 @@ def _storage(spec: QuantSpec, constant: bool) -> torch.dtype:
     return dtype
 
 
-def required_opset(qgraph: Any) -> int:
+def required_opset(qgraph: QuantizedGraph) -> int:
     """Lowest ai.onnx opset that can express every quantizer of `qgraph` as QDQ."""
-    need = max(13, int(getattr(qgraph.platform, "min_opset", 13)))
+    need = max(13, int(qgraph.platform.min_opset))
     initializers = qgraph.graph.initializers
     for slot in iter_slots(qgraph):
         if not emits(slot.config):
@@ -62,7 +62,7 @@ def required_opset(qgraph: Any) -> int:
 class QdqBuilder:
     """Inserts Q/DQ nodes into an ONNX copy of a QuantizedGraph's FP32 graph."""
 
-    def __init__(self, qgraph: Any, model: onnx.ModelProto) -> None:
+    def __init__(self, qgraph: QuantizedGraph, model: onnx.ModelProto) -> None:
         self.qgraph = qgraph
         self.model = model
         self.graph = model.graph

@@ -4,25 +4,36 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol, TypeAlias
 
 import torch
 
 from netquant.core.spec import Granularity, QuantSpec
 from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
+from netquant.passes.quant_graph import QuantizedGraph
 
 
-def unwrap(qmodel: Any) -> Any:
-    """The QuantizedGraph inside an API model object (or the QuantizedGraph itself)."""
-    for attr in ("qgraph", "quantized_graph"):
-        inner = getattr(qmodel, attr, None)
-        if inner is not None:
-            return inner
-    if not hasattr(qmodel, "op_configs") or not hasattr(qmodel, "graph"):
-        raise ExportError(f"cannot export a {type(qmodel).__name__}: expected a netquant QuantizedGraph "
-                          "(from netquant.quantize_onnx) with .graph and .op_configs")
-    return qmodel
+class HasQuantizedGraph(Protocol):
+    """An object holding a QuantizedGraph as `.qgraph` (netquant.api.QuantizedModel)."""
+
+    @property
+    def qgraph(self) -> QuantizedGraph: ...
+
+
+Exportable: TypeAlias = "QuantizedGraph | HasQuantizedGraph"
+"""What the exporters accept: a QuantizedModel (from netquant.quantize_onnx) or its QuantizedGraph."""
+
+
+def unwrap(qmodel: Exportable) -> QuantizedGraph:
+    """The QuantizedGraph itself, or the one a QuantizedModel holds; ExportError for anything else."""
+    if isinstance(qmodel, QuantizedGraph):
+        return qmodel
+    inner = getattr(qmodel, "qgraph", None)
+    if isinstance(inner, QuantizedGraph):
+        return inner
+    raise ExportError(f"cannot export a {type(qmodel).__name__}: expected a netquant QuantizedModel "
+                      "(from netquant.quantize_onnx / quantize_torch) or its QuantizedGraph (.qgraph)")
 
 
 def root(cfg: TensorQuantConfig) -> TensorQuantConfig:
@@ -69,7 +80,7 @@ class Slot:
     config: TensorQuantConfig
 
 
-def iter_slots(qgraph: Any) -> Iterator[Slot]:
+def iter_slots(qgraph: QuantizedGraph) -> Iterator[Slot]:
     """Every config of every op, in graph order (inputs before outputs)."""
     for node in qgraph.graph.nodes:
         oc = qgraph.op_configs.get(node.name)
@@ -83,7 +94,7 @@ def iter_slots(qgraph: Any) -> Iterator[Slot]:
                 yield Slot(node.name, node.op_type, i, False, node.outputs[i], cfg)
 
 
-def check_deployable(qgraph: Any) -> None:
+def check_deployable(qgraph: QuantizedGraph) -> None:
     """ExportError naming every config still INITIAL / PASSIVE_INIT (not calibrated / not derived)."""
     bad = [f"{s.node} {'input' if s.is_input else 'output'} {s.index} ('{s.tensor}', {s.config.state.name})"
            for s in iter_slots(qgraph) if s.config.state.is_pending]

@@ -14,8 +14,7 @@ import torch
 
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
-
-SAMPLE_ATTRS = ("sample_inputs", "calib_sample", "example_inputs")
+from netquant.passes.quant_graph import QuantizedGraph
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -24,7 +23,7 @@ def _to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def sample_feeds(qgraph: Any, sample: Any = None, *, seed: int = 0) -> dict[str, np.ndarray]:
+def sample_feeds(qgraph: QuantizedGraph, sample: Any = None, *, seed: int = 0) -> dict[str, np.ndarray]:
     """One batch for validation: `sample`, else a batch the quantizer kept, else random data.
 
     Random data needs fully static input shapes (the first dim may be symbolic: batch 1).
@@ -32,10 +31,7 @@ def sample_feeds(qgraph: Any, sample: Any = None, *, seed: int = 0) -> dict[str,
     graph = qgraph.graph
     names = [v.name for v in graph.inputs if v.name not in graph.initializers]
     if sample is None:
-        for attr in SAMPLE_ATTRS:
-            sample = getattr(qgraph, attr, None)
-            if sample is not None:
-                break
+        sample = qgraph.sample_inputs
     if sample is not None:
         if isinstance(sample, Mapping):
             feeds = {k: _to_numpy(v) for k, v in sample.items() if k in names}
@@ -67,10 +63,10 @@ def sample_feeds(qgraph: Any, sample: Any = None, *, seed: int = 0) -> dict[str,
     return feeds
 
 
-def validation_feeds(qgraph: Any, sample: Any = None, *, seed: int = 0) -> list[dict[str, np.ndarray]]:
+def validation_feeds(qgraph: QuantizedGraph, sample: Any = None, *, seed: int = 0) -> list[dict[str, np.ndarray]]:
     """The batches export validation runs: `sample` (one batch), else the calibration batches the quantizer
     kept (several), else one random batch."""
-    kept = getattr(qgraph, "validation_batches", None)
+    kept = qgraph.validation_batches
     if sample is None and kept:
         return [sample_feeds(qgraph, b) for b in kept]
     return [sample_feeds(qgraph, sample, seed=seed)]
@@ -141,7 +137,7 @@ def _run_ort(sess: Any, feeds: dict[str, np.ndarray], where: str) -> list[np.nda
         raise ExportError(f"exported model for '{where}' fails in onnxruntime on a validation batch: {exc}") from exc
 
 
-def compare_with_executor(qgraph: Any, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str,
+def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str,
                           min_cosine: float, accumulation: Accumulation = Accumulation.EXACT,
                           max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO) -> dict[str, Agreement]:
     """Every float output over all `batches`: onnxruntime vs the executor's fake-quant run (int8 kernels summing
@@ -188,7 +184,7 @@ def compare_with_executor(qgraph: Any, sess: Any, batches: Sequence[dict[str, np
     return result
 
 
-def likely_cause(qgraph: Any, accumulation: Accumulation) -> str:
+def likely_cause(qgraph: QuantizedGraph, accumulation: Accumulation) -> str:
     """What most often makes onnxruntime disagree, given the graph and this machine's int8 arithmetic."""
     from netquant.passes.int_emulation import kernel_sites
 
@@ -203,13 +199,13 @@ def likely_cause(qgraph: Any, accumulation: Accumulation) -> str:
             "--fp32-ops) or pass min_cosine=... to accept the difference.")
 
 
-def check_target_arithmetic(qgraph: Any, where: str) -> None:
+def check_target_arithmetic(qgraph: QuantizedGraph, where: str) -> None:
     """ExportError when the platform's CPU target includes x86 without VNNI but some int8 weights can saturate
     its int16 pair sums (static: from the weights alone, whatever this machine is)."""
     from netquant.passes.int_emulation import kernel_sites
     from netquant.platforms.targets import needs_saturation_free_weights
 
-    target = getattr(qgraph.platform, "cpu_target", None)
+    target = qgraph.platform.cpu_target
     if target is None or not needs_saturation_free_weights(target):
         return
     risky = [s for s in kernel_sites(qgraph) if s.overflow_pairs]

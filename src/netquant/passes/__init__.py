@@ -1,9 +1,18 @@
-"""PTQ passes: the quantized graph, the quantizer and the pipeline that calibrates it."""
+"""PTQ passes: the quantized graph, the quantizer and the passes that calibrate it.
 
+Every pass is a `PassBase` subclass declaring what it `requires` and `ensures` (`Condition`s the
+`PassManager` checks around it); `default_passes` is the PTQ pipeline, `quantize_onnx(passes=[...])`
+adds your own before the final deployability check.
+"""
+
+from netquant.passes.base import Condition, PassBase, PassConditionError, PassContext
+from netquant.passes.manager import PassManager
 from netquant.passes.overrides import OpSelector, Override
-from netquant.passes.quant_graph import OpQuantConfig, QuantizedGraph
+from netquant.passes.progress import ProgressReporter, RichProgress
+from netquant.passes.quant_graph import CalibrationCounts, CleanupCounts, OpQuantConfig, QuantizedGraph
 from netquant.passes.quantizer import Quantizer, QuantizerWarning, build_quant_graph
 from netquant.passes.settings import QuantSettings
 
-__all__ = ["OpQuantConfig", "OpSelector", "Override", "QuantSettings", "QuantizedGraph", "Quantizer",
-           "QuantizerWarning", "build_quant_graph"]
+__all__ = ["CalibrationCounts", "CleanupCounts", "Condition", "OpQuantConfig", "OpSelector", "Override",
+           "PassBase", "PassConditionError", "PassContext", "PassManager", "ProgressReporter", "QuantSettings",
+           "QuantizedGraph", "Quantizer", "QuantizerWarning", "RichProgress", "build_quant_graph"]

@@ -7,13 +7,14 @@ union of its members' ranges: range of a member = [(qmin - z) s, (qmax - z) s].
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from netquant.core.qparams import choose_qparams
 from netquant.core.spec import Granularity
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
-from netquant.passes.pipeline import PassContext
+from netquant.passes.base import Condition, PassBase, PassContext
 
 
 def _range(cfg: TensorQuantConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,12 +67,16 @@ def align_groups(groups: list[list[TensorQuantConfig]]) -> int:
 
 
 @dataclass
-class AlignmentPass:
-    name: str = "scale alignment"
+class AlignmentPass(PassBase):
+    """Gives each shared-scale group one set of params; activates configs that share a sibling's params."""
+
+    name: ClassVar[str] = "scale alignment"
+    requires: ClassVar[frozenset[Condition]] = frozenset({Condition.CALIBRATED})
+    ensures: ClassVar[frozenset[Condition]] = frozenset({Condition.ALIGNED})
 
     def run(self, ctx: PassContext) -> None:
-        qgraph = ctx.qgraph
-        qgraph.info["aligned_groups"] = align_groups(qgraph.info.get("shared_scale_groups", []))
+        qgraph = ctx.quantized
+        qgraph.aligned_groups = align_groups(qgraph.shared_scale_groups)
         for cfg in qgraph.configs():
             if cfg.dominated_by is None:
                 continue

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -27,7 +28,7 @@ from netquant.core.qparams import QParams, pow2_ceil
 from netquant.core.spec import QuantSpec, ScaleConstraint
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.graph.op_config import OpQuantConfig, TensorRole
-from netquant.passes.pipeline import PassContext
+from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.quant_graph import emits
 from netquant.passes.quantizer import GraphIndex
 
@@ -104,13 +105,15 @@ def _bias_ratio(bias: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class BiasPass:
+class BiasPass(PassBase):
     """Derive every PASSIVE_INIT bias config's params; enlarge weight scales where a bias would overflow."""
 
-    name: str = "bias quantization"
+    name: ClassVar[str] = "bias quantization"
+    requires: ClassVar[frozenset[Condition]] = frozenset({Condition.ALIGNED})
+    ensures: ClassVar[frozenset[Condition]] = frozenset({Condition.BIASES})
 
     def run(self, ctx: PassContext) -> None:
-        qgraph = ctx.qgraph
+        qgraph = ctx.quantized
         index = GraphIndex(qgraph.graph)
         pending: list[tuple[OpQuantConfig, TensorQuantConfig, TensorQuantConfig, TensorQuantConfig]] = []
         for oc in qgraph.op_configs.values():
@@ -138,7 +141,7 @@ class BiasPass:
                 msg = adj.message()
                 qgraph.warnings.append(msg)
                 warnings.warn(msg, BiasOverflowWarning, stacklevel=2)
-        qgraph.info["bias_scale_adjustments"] = adjustments
+        qgraph.bias_scale_adjustments = adjustments
 
         # 2. bias params from the final scales
         for oc, a_cfg, w_cfg, b_cfg in pending:

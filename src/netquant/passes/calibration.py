@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -20,9 +20,10 @@ from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Node
+from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.flat_ranges import FlatRanges, clamp_for_observation
 from netquant.passes.observers import make_observer
-from netquant.passes.pipeline import PassContext
+from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
 
 RANGE_MANTISSA_BITS = 8
@@ -62,11 +63,16 @@ VALIDATION_BATCHES = 3  # calibration batches kept for export validation
 
 
 @dataclass
-class CalibrationPass:
-    name: str = "calibration"
+class CalibrationPass(PassBase):
+    """Params for every INITIAL config without a dominator: constants from their values, activations from
+    observers run over ctx.calib_data (CalibrationError if activations need data and there is none)."""
+
+    name: ClassVar[str] = "calibration"
+    requires: ClassVar[frozenset[Condition]] = frozenset({Condition.CONFIGS})
+    ensures: ClassVar[frozenset[Condition]] = frozenset({Condition.CALIBRATED})
 
     def run(self, ctx: PassContext) -> None:
-        qgraph = ctx.qgraph
+        qgraph = ctx.quantized
         graph = qgraph.graph
         options = qgraph.platform.observer_options
         index = GraphIndex(graph)
@@ -103,8 +109,8 @@ class CalibrationPass:
                 on_output.setdefault(node.name, []).append((j, cfg, obs))
                 observed.append((cfg, obs))
                 lower[id(cfg)] = flat.lower_flat(node.outputs[j])
-        ctx.qgraph.info["observed_tensors"] = len(observed)
-        ctx.qgraph.info["flat_bounds"] = sum(1 for v in lower.values() if v > -math.inf)
+        qgraph.calibration = CalibrationCounts(observed_tensors=len(observed),
+                                               flat_bounds=sum(1 for v in lower.values() if v > -math.inf))
         if not observed:
             return
         if ctx.calib_data is None:
@@ -112,7 +118,7 @@ class CalibrationPass:
             raise CalibrationError(f"{len(observed)} activation tensors need calibration data ({names}, ...); "
                                    f"pass calib_data")
 
-        use_flat = getattr(ctx.settings, "flat_ranges", True)
+        use_flat = ctx.settings.flat_ranges
 
         def observe(cfg: TensorQuantConfig, obs: Any, x: Any) -> None:
             if not isinstance(x, torch.Tensor):
@@ -135,12 +141,12 @@ class CalibrationPass:
         data = ctx.calib_data
         with torch.no_grad():
             for batch in ctx.track(data, "calibrating", total=data.num_batches):
-                if getattr(qgraph, "sample_inputs", None) is None:
+                if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
                 if len(qgraph.validation_batches) < VALIDATION_BATCHES:
                     qgraph.validation_batches.append(batch)
                 ex.run(batch)
-        bits = getattr(ctx.settings, "range_bits", RANGE_MANTISSA_BITS)
+        bits = ctx.settings.range_bits
         for cfg, obs in observed:
             cfg.params = activation_params(obs, bits)
             cfg.state = QuantState.ACTIVATED

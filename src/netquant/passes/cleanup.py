@@ -4,18 +4,22 @@ exact simplifications (netquant.passes.simplify)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
-from netquant.passes.pipeline import PassContext
+from netquant.passes.base import Condition, PassBase, PassContext
+from netquant.passes.quant_graph import CleanupCounts
 
 
 @dataclass
-class CleanupPass:
-    """Uses netquant.graph.edit; weights held in Constant nodes become initializers."""
+class CleanupPass(PassBase):
+    """Uses netquant.graph.edit; weights held in Constant nodes become initializers; records ctx.cleanup."""
 
     fold_constants: bool = True
     fold_batchnorm: bool = True
     simplify: bool = True
-    name: str = "graph clean-up"
+    name: ClassVar[str] = "graph clean-up"
+    requires: ClassVar[frozenset[Condition]] = frozenset({Condition.GRAPH})
+    ensures: ClassVar[frozenset[Condition]] = frozenset({Condition.GRAPH})
 
     def run(self, ctx: PassContext) -> None:
         from netquant.graph import edit
@@ -28,10 +32,10 @@ class CleanupPass:
             edit.fold_constants(graph)
         if self.fold_batchnorm:
             edit.fold_batchnorm(graph)
+        simplified: dict[str, int] = {}
         if self.simplify:
             from netquant.passes.simplify import simplify
 
-            ctx.timings.update({f"simplified_{k}": v for k, v in simplify(graph).items()})
+            simplified = dict(simplify(graph))
         graph.remove_unused()  # dead nodes would never be calibrated
-        ctx.timings["nodes_before_cleanup"] = before
-        ctx.timings["nodes_after_cleanup"] = len(graph.nodes)
+        ctx.cleanup = CleanupCounts(nodes_before=before, nodes_after=len(graph.nodes), simplified=simplified)

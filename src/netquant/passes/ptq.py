@@ -1,49 +1,27 @@
-"""The PTQ pipeline: clean-up, configs, calibration, alignment, bias, check."""
+"""The PTQ pipeline: clean-up, data check, configs, calibration, alignment, bias, deployability check."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from netquant.graph import Graph
 from netquant.passes.alignment import AlignmentPass
+from netquant.passes.base import PassBase, PassContext
 from netquant.passes.bias import BiasPass
-from netquant.passes.calib_data import CalibrationData
+from netquant.passes.build_configs import BuildConfigsPass
 from netquant.passes.calibration import CalibrationPass
 from netquant.passes.check import DeployabilityCheck
+from netquant.passes.check_data import CheckDataPass
 from netquant.passes.cleanup import CleanupPass
-from netquant.passes.overrides import resolve_overrides
-from netquant.passes.pipeline import PassContext, make_progress, run_passes
+from netquant.passes.manager import PassManager
+from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
-from netquant.passes.quantizer import build_quant_graph
 from netquant.passes.settings import QuantSettings
 
 
-class BuildConfigsPass:
-    """Build a config for every input / output of every op from the platform rules."""
-
-    name = "quantization configs"
-
-    def run(self, ctx: PassContext) -> None:
-        s: QuantSettings = ctx.settings
-        overrides = resolve_overrides(ctx.graph, s.force_fp32, s.overrides)
-        ctx.qgraph = build_quant_graph(ctx.graph, s.effective_platform(), overrides, strict=s.strict)
-
-
-class CheckDataPass:
-    """Validate the calibration data against the model inputs (before any heavy work)."""
-
-    name = "calibration data"
-
-    def __init__(self, data: Any) -> None:
-        self.data = data
-
-    def run(self, ctx: PassContext) -> None:
-        s: QuantSettings = ctx.settings
-        ctx.calib_data = CalibrationData(ctx.graph, self.data, batch_size=s.batch_size,
-                                         max_batches=s.max_calib_batches)
-
-
-def default_passes(settings: QuantSettings, calib_data: Any) -> list[Any]:
+def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[PassBase] = ()) -> list[PassBase]:
+    """The default PTQ passes; `extra` passes run after bias quantization, before the final deployability check."""
     return [
         CleanupPass(settings.fold_constants, settings.fold_batchnorm, settings.simplify),
         CheckDataPass(calib_data),
@@ -51,13 +29,18 @@ def default_passes(settings: QuantSettings, calib_data: Any) -> list[Any]:
         CalibrationPass(),
         AlignmentPass(),
         BiasPass(),
+        *extra,
         DeployabilityCheck(),
     ]
 
 
-def quantize_graph(graph: Graph, calib_data: Any, settings: QuantSettings) -> tuple[QuantizedGraph, dict[str, float]]:
-    """Run the default passes on `graph` (edited in place); returns the quantized graph and timings."""
+def quantize_graph(graph: Graph, calib_data: Any, settings: QuantSettings,
+                   extra_passes: Sequence[PassBase] = ()) -> tuple[QuantizedGraph, dict[str, float]]:
+    """Run the default passes (plus `extra_passes`, see default_passes) on `graph` (edited in place);
+    returns the quantized graph and the wall seconds of each pass."""
     ctx = PassContext(settings=settings, graph=graph, progress=make_progress(settings.quiet))
-    run_passes(default_passes(settings, calib_data), ctx)
-    ctx.qgraph.info["timings"] = dict(ctx.timings)
-    return ctx.qgraph, ctx.timings
+    PassManager(default_passes(settings, calib_data, extra_passes)).run(ctx)
+    qgraph = ctx.quantized
+    qgraph.cleanup = ctx.cleanup
+    qgraph.timings = dict(ctx.timings)
+    return qgraph, ctx.timings

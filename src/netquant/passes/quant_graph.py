@@ -16,7 +16,8 @@ Placement semantics (what the executor's fake quantization and netquant.export b
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,6 +28,9 @@ from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph import Executor, Graph, Node
 from netquant.graph.op_config import OpQuantConfig
 from netquant.platforms.platform import Platform
+
+if TYPE_CHECKING:
+    from netquant.passes.bias import BiasScaleAdjustment
 
 
 def emits(cfg: TensorQuantConfig | None) -> bool:
@@ -46,6 +50,23 @@ def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
     return fake_quantize(x, scale, zp, cfg.root.spec)
 
 
+@dataclass
+class CleanupCounts:
+    """What graph clean-up did: node counts before / after and each exact simplification's rewrite count."""
+
+    nodes_before: int = 0
+    nodes_after: int = 0
+    simplified: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class CalibrationCounts:
+    """What calibration observed: activation tensors observed and those given a flat lower bound."""
+
+    observed_tensors: int = 0
+    flat_bounds: int = 0
+
+
 class QuantizedGraph:
     """A cleaned-up FP32 graph with the configs the quantizer built for `platform`."""
 
@@ -55,9 +76,16 @@ class QuantizedGraph:
         self.platform = platform
         self.op_configs: dict[str, OpQuantConfig] = dict(op_configs)
         self.warnings: list[str] = list(warnings)
-        self.info: dict[str, Any] = {}  # facts recorded by passes (timings, counts)
         self.sample_inputs: dict[str, torch.Tensor] | None = None  # one calibration batch (export checks)
         self.validation_batches: list[dict[str, torch.Tensor]] = []  # the first calibration batches (export checks)
+        # facts recorded by the passes (each written by one pass, read by later passes and reports)
+        self.shared_scale_groups: list[list[TensorQuantConfig]] = []  # quantizer: configs sharing one scale
+        self.fusions: dict[str, str] = {}  # quantizer: fused chain tail op -> head op
+        self.cleanup: CleanupCounts = CleanupCounts()  # clean-up pass
+        self.calibration: CalibrationCounts = CalibrationCounts()  # calibration pass
+        self.aligned_groups: int = 0  # alignment pass: shared-scale groups given one set of params
+        self.bias_scale_adjustments: list[BiasScaleAdjustment] = []  # bias pass: weight scales enlarged
+        self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
 
     # ---- queries ---------------------------------------------------------------------------
     def configs(self) -> Iterator[TensorQuantConfig]:

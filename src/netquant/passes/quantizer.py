@@ -11,7 +11,8 @@ Steps (all decisions are data from `Platform.rules` / `Platform.fusions`):
    (shared between quantized consumers of the same float tensor); weights with the per-channel
    axis of the op; bias PASSIVE_INIT (int32, derived after calibration); pass-through outputs
    share their input's params; shared-scale ops (Concat) are recorded as groups for alignment;
-5. the platform's op hook, then user overrides.
+   user overrides (activation / weight spec, observer) are applied while the configs are built;
+5. the platform's op hook, last, on every quantized op: it sees, and may change, the overridden configs.
 """
 
 from __future__ import annotations
@@ -205,163 +206,231 @@ class Quantizer:
                     fused_into[n.name] = head.name
         return fused_into
 
-    # ---- step 3 + 4: configs ------------------------------------------------------------------
+    # ---- steps 3-5 ----------------------------------------------------------------------------
     def build(self, graph: Graph) -> QuantizedGraph:
+        """Steps 1-5 of the module docstring: which ops, fusions, configs, linking, then the platform hook."""
         index = GraphIndex(graph)
-        p = self.platform
         chosen, weights = self._select(graph, index)
         fused_into = self._fusions(graph, index, chosen)
-        # chain tail of each head: the node whose output carries the quantizer
-        tail_of: dict[str, Node] = {}
+        builder = _ConfigBuilder(self, graph, index, chosen, weights, fused_into)
+        op_configs = builder.build()
+        qgraph = QuantizedGraph(graph, self.platform, op_configs, self.warnings)
+        qgraph.shared_scale_groups = builder.shared_groups
+        qgraph.fusions = {t.name: h for h, t in builder.tail_of.items()}
+        self._run_op_hook(graph, op_configs)
+        return qgraph
+
+    def _run_op_hook(self, graph: Graph, op_configs: dict[str, OpQuantConfig]) -> None:
+        """Step 5: the platform's op hook on every quantized op; it runs after the user overrides (applied while
+        the configs were built), so it sees, and may change, the overridden specs."""
+        hook = self.platform.op_hook
+        if hook is None:
+            return
+        for oc in op_configs.values():
+            if oc.is_quantized:
+                hook(oc, graph)
+
+
+class _ConfigBuilder:
+    """Steps 3-4 for one graph: a config on every input and output of every op, given the selected ops
+    (`chosen`, their weight input in `weights`) and the fused chains (`fused_into`: tail -> head)."""
+
+    def __init__(self, quantizer: Quantizer, graph: Graph, index: GraphIndex, chosen: dict[str, OpRule],
+                 weights: dict[str, int | None], fused_into: dict[str, str]) -> None:
+        self.q = quantizer
+        self.p = quantizer.platform
+        self.graph = graph
+        self.index = index
+        self.chosen = chosen
+        self.weights = weights
+        self.fused_into = fused_into
+        self.tail_of: dict[str, Node] = {}  # chain head -> the node whose output carries the quantizer
         for node in graph.nodes:
             if node.name in fused_into:
-                tail_of[fused_into[node.name]] = node
+                self.tail_of[fused_into[node.name]] = node
+        self.op_configs: dict[str, OpQuantConfig] = {}
+        self.out_cfg: dict[str, TensorQuantConfig] = {}  # tensor -> config quantizing it at its producer
+        self.in_cfg_shared: dict[tuple[str, QuantSpec], TensorQuantConfig] = {}  # float tensor -> consumer config
+        self.shared_groups: list[list[TensorQuantConfig]] = []
 
-        def consumes_quantized(tensor: str) -> bool:
-            for c in index.consumers.get(tensor, []):
-                rule = chosen.get(c.name)
-                if rule is None:
-                    continue
-                if any(c.inputs[i] == tensor for i in self._act_inputs(c, rule) if i != weights.get(c.name)):
-                    return True
-            return False
-
-        def output_quantized(node: Node, rule: OpRule, tensor: str) -> bool:
-            if rule.role is OpRole.PASS_THROUGH:
-                return True
-            if rule.output is OutputPolicy.ALWAYS:
-                return True
-            if rule.output is OutputPolicy.WHEN_CONSUMED:
-                return consumes_quantized(tensor)
-            return False
-
-        act_observer = p.activation_observer
-        op_configs: dict[str, OpQuantConfig] = {}
-        out_cfg: dict[str, TensorQuantConfig] = {}  # tensor -> config quantizing it at its producer
-        in_cfg_shared: dict[tuple[str, QuantSpec], TensorQuantConfig] = {}  # float tensor -> consumer-side config
-        shared_groups: list[list[TensorQuantConfig]] = []
-
-        def fp32(name: str) -> TensorQuantConfig | None:
-            if not name or not index.is_float(name):
-                return None
-            return TensorQuantConfig(p.activation, QuantState.FP32, act_observer, name=name)
-
-        def activation_input(name: str, spec: QuantSpec, observer: str) -> TensorQuantConfig:
-            producer_cfg = out_cfg.get(name)
-            cfg = TensorQuantConfig(spec, QuantState.INITIAL, observer, name=name)
-            if producer_cfg is not None:
-                cfg.overlap_with(producer_cfg)
-                return cfg
-            key = (name, spec)
-            first = in_cfg_shared.get(key)
-            if first is not None:
-                cfg.dominated_by = first  # same tensor, same spec: one set of params
+    def build(self) -> dict[str, OpQuantConfig]:
+        """Configs of every op in graph order, then the fused chains and late producers linked."""
+        for node in self.graph.nodes:
+            rule = self.chosen.get(node.name)
+            head_name = self.fused_into.get(node.name)
+            if head_name is not None:
+                self.op_configs[node.name] = self._fused_tail_op(node, head_name)
+            elif rule is not None:
+                self.op_configs[node.name] = self._quantized_op(node, rule)
             else:
-                in_cfg_shared[key] = cfg
+                self.op_configs[node.name] = OpQuantConfig(node, [self._fp32(i) for i in node.inputs],
+                                                           [self._fp32(o) for o in node.outputs])
+        self._link_fused_chains()
+        self._link_late_producers()
+        return self.op_configs
+
+    # ---- single configs ---------------------------------------------------------------------
+    def _fp32(self, name: str) -> TensorQuantConfig | None:
+        """An FP32 config for a float tensor (None for omitted or non-float tensors)."""
+        if not name or not self.index.is_float(name):
+            return None
+        return TensorQuantConfig(self.p.activation, QuantState.FP32, self.p.activation_observer, name=name)
+
+    def _activation_choice(self, node: Node) -> tuple[list[Override], QuantSpec, str]:
+        """The overrides matching `node` and the activation spec and observer they leave (last one wins)."""
+        ovs = matching(self.q.overrides, node)
+        act_spec = next((o.activation for o in reversed(ovs) if o.activation is not None), self.p.activation)
+        observer = next((o.observer for o in reversed(ovs) if o.observer is not None), self.p.activation_observer)
+        return ovs, act_spec, observer
+
+    def _activation_input(self, name: str, spec: QuantSpec, observer: str) -> TensorQuantConfig:
+        """OVERLAPPED by a quantized producer, else dominated by the first consumer config of the same spec."""
+        producer_cfg = self.out_cfg.get(name)
+        cfg = TensorQuantConfig(spec, QuantState.INITIAL, observer, name=name)
+        if producer_cfg is not None:
+            cfg.overlap_with(producer_cfg)
             return cfg
+        key = (name, spec)
+        first = self.in_cfg_shared.get(key)
+        if first is not None:
+            cfg.dominated_by = first  # same tensor, same spec: one set of params
+        else:
+            self.in_cfg_shared[key] = cfg
+        return cfg
 
-        for node in graph.nodes:
-            rule = chosen.get(node.name)
-            head_name = fused_into.get(node.name)
-            if rule is None and head_name is None:
-                op_configs[node.name] = OpQuantConfig(node, [fp32(i) for i in node.inputs],
-                                                      [fp32(o) for o in node.outputs])
+    def _weight_config(self, node: Node, rule: OpRule, ovs: list[Override], name: str) -> TensorQuantConfig:
+        """The platform's weight spec for this op (per-channel axis from the op), or the user's override."""
+        rank = _rank(self.graph, self.index, name)
+        spec = self.p.weight_spec_for(node, rule, rank)
+        w_override = next((o.weight for o in reversed(ovs) if o.weight is not None), None)
+        if w_override is not None:
+            spec = _with_axis(w_override, spec, rank)
+        return TensorQuantConfig(spec, QuantState.INITIAL, self.p.weight_observer, name=name)
+
+    def _bias_config(self, name: str, w_cfg: TensorQuantConfig | None) -> TensorQuantConfig | None:
+        """PASSIVE_INIT in the platform's bias spec (per-channel like the weight), else FP32."""
+        if self.p.bias is None or not self.index.is_float(name) or w_cfg is None:
+            return self._fp32(name)
+        b_spec = self.p.bias
+        if w_cfg.spec.granularity is Granularity.PER_CHANNEL:
+            b_spec = b_spec.with_(granularity=Granularity.PER_CHANNEL, axis=0)
+        return TensorQuantConfig(b_spec, QuantState.PASSIVE_INIT, "none", name=name)
+
+    # ---- output policy ----------------------------------------------------------------------
+    def _consumes_quantized(self, tensor: str) -> bool:
+        """True if a selected op reads `tensor` as an activation input."""
+        for c in self.index.consumers.get(tensor, []):
+            rule = self.chosen.get(c.name)
+            if rule is None:
                 continue
-            ovs = matching(self.overrides, node)
-            act_spec = next((o.activation for o in reversed(ovs) if o.activation is not None), p.activation)
-            observer = next((o.observer for o in reversed(ovs) if o.observer is not None), act_observer)
+            if any(c.inputs[i] == tensor for i in self.q._act_inputs(c, rule) if i != self.weights.get(c.name)):
+                return True
+        return False
 
-            if head_name is not None:  # fused tail (e.g. Relu after Conv)
-                head = graph.node(head_name)
-                head_rule = chosen[head_name]
-                tail = tail_of[head_name]
-                inputs: list[TensorQuantConfig | None] = [fp32(i) for i in node.inputs]
-                outputs: list[TensorQuantConfig | None] = [fp32(o) for o in node.outputs]
-                roles: dict[int, TensorRole] = {}
-                if node is tail and output_quantized(head, head_rule, node.outputs[0]):
-                    outputs[0] = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=node.outputs[0])
-                    out_cfg[node.outputs[0]] = outputs[0]
-                oc = OpQuantConfig(node, inputs, outputs, roles)
-                op_configs[node.name] = oc
+    def _output_quantized(self, node: Node, rule: OpRule, tensor: str) -> bool:
+        """Step 3: the rule's OutputPolicy for this output (pass-through outputs always)."""
+        if rule.role is OpRole.PASS_THROUGH or rule.output is OutputPolicy.ALWAYS:
+            return True
+        if rule.output is OutputPolicy.WHEN_CONSUMED:
+            return self._consumes_quantized(tensor)
+        return False
+
+    # ---- per op -----------------------------------------------------------------------------
+    def _fused_tail_op(self, node: Node, head_name: str) -> OpQuantConfig:
+        """A fused tail (e.g. Relu after Conv): float, except the chain's last output when the head's is quantized."""
+        _, act_spec, observer = self._activation_choice(node)
+        head_rule = self.chosen[head_name]
+        inputs: list[TensorQuantConfig | None] = [self._fp32(i) for i in node.inputs]
+        outputs: list[TensorQuantConfig | None] = [self._fp32(o) for o in node.outputs]
+        if node is self.tail_of[head_name] and self._output_quantized(self.graph.node(head_name), head_rule,
+                                                                      node.outputs[0]):
+            outputs[0] = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=node.outputs[0])
+            self.out_cfg[node.outputs[0]] = outputs[0]
+        return OpQuantConfig(node, inputs, outputs, {})
+
+    def _quantized_op(self, node: Node, rule: OpRule) -> OpQuantConfig:
+        """Step 4 for a selected op: input configs by role, output configs, its shared-scale group."""
+        ovs, act_spec, observer = self._activation_choice(node)
+        w_idx = self.weights.get(node.name)
+        acts = [i for i in self.q._act_inputs(node, rule) if i != w_idx]
+        inputs, roles = self._input_configs(node, rule, ovs, act_spec, observer, acts, w_idx)
+        outputs = self._output_configs(node, rule, act_spec, observer, acts, inputs)
+        if rule.role is OpRole.SHARED_SCALE:
+            members = [c for i, c in enumerate(inputs) if i in acts and c is not None]
+            members += [c for c in outputs if c is not None and c.state is QuantState.INITIAL]
+            if len(members) > 1:
+                self.shared_groups.append(members)
+        return OpQuantConfig(node, inputs, outputs, roles)
+
+    def _input_configs(self, node: Node, rule: OpRule, ovs: list[Override], act_spec: QuantSpec, observer: str,
+                       acts: list[int], w_idx: int | None
+                       ) -> tuple[list[TensorQuantConfig | None], dict[int, TensorRole]]:
+        """Weight, bias, activation (constants: min-max) or FP32 config of each input, with the roles."""
+        inputs: list[TensorQuantConfig | None] = []
+        roles: dict[int, TensorRole] = {}
+        w_cfg: TensorQuantConfig | None = None
+        for i, name in enumerate(node.inputs):
+            if not name:
+                inputs.append(None)
+            elif i == w_idx:
+                w_cfg = self._weight_config(node, rule, ovs, name)
+                inputs.append(w_cfg)
+                roles[i] = TensorRole.WEIGHT
+            elif i == rule.bias_input and w_idx is not None and self.index.constant(name) is not None:
+                inputs.append(self._bias_config(name, w_cfg))
+                roles[i] = TensorRole.BIAS
+            elif i in acts and self.index.is_float(name):
+                if self.index.constant(name) is not None:
+                    inputs.append(TensorQuantConfig(act_spec, QuantState.INITIAL, "minmax", name=name))
+                else:
+                    inputs.append(self._activation_input(name, act_spec, observer))
+                roles[i] = TensorRole.ACTIVATION
+            else:
+                inputs.append(self._fp32(name))
+        return inputs, roles
+
+    def _output_configs(self, node: Node, rule: OpRule, act_spec: QuantSpec, observer: str, acts: list[int],
+                        inputs: list[TensorQuantConfig | None]) -> list[TensorQuantConfig | None]:
+        """Output configs per the OutputPolicy; pass-through outputs share their input's params; a chain head's
+        output is a placeholder that _link_fused_chains overlaps with the tail's."""
+        outputs: list[TensorQuantConfig | None] = []
+        head_tail = self.tail_of.get(node.name)
+        for j, name in enumerate(node.outputs):
+            if not name or not self.index.is_float(name):
+                outputs.append(None)
                 continue
+            if head_tail is not None and j == 0:
+                outputs.append(TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=name))
+                continue  # resolved in _link_fused_chains, once the tail's config exists
+            if not self._output_quantized(node, rule, name):
+                outputs.append(self._fp32(name))
+                continue
+            if rule.role is OpRole.PASS_THROUGH:
+                src = inputs[acts[0]] if acts else None
+                cfg = TensorQuantConfig(act_spec, QuantState.PASSIVE_INIT, "none", name=name)
+                if src is not None:
+                    cfg.dominated_by = src
+            else:
+                cfg = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=name)
+            outputs.append(cfg)
+            self.out_cfg[name] = cfg
+        return outputs
 
-            assert rule is not None
-            w_idx = weights.get(node.name)
-            acts = [i for i in self._act_inputs(node, rule) if i != w_idx]
-            inputs = []
-            roles: dict[int, TensorRole] = {}
-            w_cfg: TensorQuantConfig | None = None
-            for i, name in enumerate(node.inputs):
-                if not name:
-                    inputs.append(None)
-                elif i == w_idx:
-                    rank = _rank(graph, index, name)
-                    spec = p.weight_spec_for(node, rule, rank)
-                    w_override = next((o.weight for o in reversed(ovs) if o.weight is not None), None)
-                    if w_override is not None:
-                        spec = _with_axis(w_override, spec, rank)
-                    w_cfg = TensorQuantConfig(spec, QuantState.INITIAL, p.weight_observer, name=name)
-                    inputs.append(w_cfg)
-                    roles[i] = TensorRole.WEIGHT
-                elif i == rule.bias_input and w_idx is not None and index.constant(name) is not None:
-                    if p.bias is not None and index.is_float(name) and w_cfg is not None:
-                        b_spec = p.bias
-                        if w_cfg.spec.granularity is Granularity.PER_CHANNEL:
-                            b_spec = b_spec.with_(granularity=Granularity.PER_CHANNEL, axis=0)
-                        inputs.append(TensorQuantConfig(b_spec, QuantState.PASSIVE_INIT, "none", name=name))
-                    else:
-                        inputs.append(fp32(name))
-                    roles[i] = TensorRole.BIAS
-                elif i in acts and index.is_float(name):
-                    if index.constant(name) is not None:
-                        cfg = TensorQuantConfig(act_spec, QuantState.INITIAL, "minmax", name=name)
-                    else:
-                        cfg = activation_input(name, act_spec, observer)
-                    inputs.append(cfg)
-                    roles[i] = TensorRole.ACTIVATION
-                else:
-                    inputs.append(fp32(name))
-
-            outputs = []
-            head_tail = tail_of.get(node.name)
-            for j, name in enumerate(node.outputs):
-                if not name or not index.is_float(name):
-                    outputs.append(None)
-                    continue
-                if head_tail is not None and j == 0:
-                    outputs.append(TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=name))
-                    continue  # resolved below, once the tail's config exists
-                if not output_quantized(node, rule, name):
-                    outputs.append(fp32(name))
-                    continue
-                if rule.role is OpRole.PASS_THROUGH:
-                    src = inputs[acts[0]] if acts else None
-                    cfg = TensorQuantConfig(act_spec, QuantState.PASSIVE_INIT, "none", name=name)
-                    if src is not None:
-                        cfg.dominated_by = src
-                else:
-                    cfg = TensorQuantConfig(act_spec, QuantState.INITIAL, observer, name=name)
-                outputs.append(cfg)
-                out_cfg[name] = cfg
-            if rule.role is OpRole.SHARED_SCALE:
-                members = [c for i, c in enumerate(inputs) if i in acts and c is not None]
-                members += [c for c in outputs if c is not None and c.state is QuantState.INITIAL]
-                if len(members) > 1:
-                    shared_groups.append(members)
-            op_configs[node.name] = OpQuantConfig(node, inputs, outputs, roles)
-
-        # fused chains: head output and the tails' inputs are represented by the chain's last output
-        for head_name, tail in tail_of.items():
-            head_oc = op_configs[head_name]
-            tail_out = op_configs[tail.name].outputs[0]
+    # ---- linking ----------------------------------------------------------------------------
+    def _link_fused_chains(self) -> None:
+        """Fused chains: the head output and the tails' inputs are represented by the chain's last output."""
+        p = self.p
+        for head_name, tail in self.tail_of.items():
+            head_oc = self.op_configs[head_name]
+            tail_out = self.op_configs[tail.name].outputs[0]
             if tail_out is None or tail_out.state is QuantState.FP32:
-                head_oc.outputs[0] = TensorQuantConfig(p.activation, QuantState.FP32, act_observer,
+                head_oc.outputs[0] = TensorQuantConfig(p.activation, QuantState.FP32, p.activation_observer,
                                                        name=head_oc.op.outputs[0])
                 continue
             head_oc.outputs[0].overlap_with(tail_out)  # type: ignore[union-attr]
-            for n in graph.nodes:
-                if fused_into.get(n.name) == head_name:
-                    oc = op_configs[n.name]
+            for n in self.graph.nodes:
+                if self.fused_into.get(n.name) == head_name:
+                    oc = self.op_configs[n.name]
                     data_in = oc.op.inputs[0]
                     oc.inputs[0] = TensorQuantConfig(tail_out.spec, QuantState.INITIAL, "none", name=data_in)
                     oc.inputs[0].overlap_with(tail_out)
@@ -370,31 +439,21 @@ class Quantizer:
                                                           name=n.outputs[0])
                         oc.outputs[0].overlap_with(tail_out)
 
-        # consumers of a fused chain's intermediate tensors can only be the chain itself; consumers of
-        # tensors first seen as FP32 but quantized later are fixed here (fusion tails created late)
-        for node in graph.nodes:
-            oc = op_configs[node.name]
-            if node.name in fused_into:
+    def _link_late_producers(self) -> None:
+        """Activation inputs first seen as FP32-produced but quantized later (fusion tails created late) are
+        OVERLAPPED by their producer's config; a fused chain's intermediates are consumed by the chain only."""
+        for node in self.graph.nodes:
+            oc = self.op_configs[node.name]
+            if node.name in self.fused_into:
                 continue
             for i, cfg in enumerate(oc.inputs):
                 name = node.inputs[i] if i < len(node.inputs) else ""
                 if cfg is None or not name or oc.roles.get(i) is not TensorRole.ACTIVATION:
                     continue
-                producer_cfg = out_cfg.get(name)
+                producer_cfg = self.out_cfg.get(name)
                 if producer_cfg is not None and cfg.state is not QuantState.OVERLAPPED:
                     cfg.dominated_by = None
                     cfg.overlap_with(producer_cfg)
-
-        qgraph = QuantizedGraph(graph, p, op_configs, self.warnings)
-        qgraph.info["shared_scale_groups"] = shared_groups
-        qgraph.info["fusions"] = {t.name: h for h, t in tail_of.items()}
-
-        # platform hook, then user spec overrides already applied above; hook runs per quantized op
-        if p.op_hook is not None:
-            for oc in op_configs.values():
-                if oc.is_quantized:
-                    p.op_hook(oc, graph)
-        return qgraph
 
 
 def _with_axis(override: QuantSpec, derived: QuantSpec, rank: int) -> QuantSpec:

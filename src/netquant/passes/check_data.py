@@ -1,0 +1,24 @@
+"""Validate the calibration data against the model inputs (before any heavy work)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from netquant.passes.base import Condition, PassBase, PassContext
+from netquant.passes.calib_data import CalibrationData
+
+
+@dataclass
+class CheckDataPass(PassBase):
+    """Sets ctx.calib_data from `data` (DataError naming the input if it does not fit the model)."""
+
+    data: Any
+    name: ClassVar[str] = "calibration data"
+    requires: ClassVar[frozenset[Condition]] = frozenset({Condition.GRAPH})
+    ensures: ClassVar[frozenset[Condition]] = frozenset({Condition.CALIB_DATA})
+
+    def run(self, ctx: PassContext) -> None:
+        s = ctx.settings
+        ctx.calib_data = CalibrationData(ctx.graph, self.data, batch_size=s.batch_size,
+                                         max_batches=s.max_calib_batches)
