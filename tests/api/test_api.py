@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import calib_batches, conv_relu_gemm, residual_concat  # noqa: E402
-
-import netquant  # noqa: E402
-from netquant.api import ExportKind, QuantizedModel, quantize_onnx, quantize_torch  # noqa: E402
-from netquant.errors import ConfigError, DataError, ModelError  # noqa: E402
+import netquant
+from netquant.api import ExportKind, QuantizedModel, quantize_onnx, quantize_torch
+from netquant.errors import ConfigError, DataError, ModelError
+from tests.helpers.onnx_models import calib_batches, conv_relu_gemm, residual_concat
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:

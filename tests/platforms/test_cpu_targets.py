@@ -7,7 +7,6 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
-from _export_models import conv_net, images
 from click.testing import CliRunner
 
 import netquant
@@ -17,6 +16,7 @@ from netquant.errors import ConfigError, ExportError
 from netquant.passes.int_emulation import kernel_sites
 from netquant.platforms import get_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme, host_accumulation
+from tests.helpers.export_models import conv_net, images
 
 
 def _quantize(**kw):

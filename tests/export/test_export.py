@@ -12,7 +12,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from _export_models import conv_net, images, mlp
 from onnx import numpy_helper
 
 import netquant
@@ -29,6 +28,7 @@ from netquant.export import (
 from netquant.export.opset import ai_onnx_opset
 from netquant.export.validate import cosine
 from netquant.platforms import list_platforms
+from tests.helpers.export_models import conv_net, images, mlp
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -11,7 +11,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from _export_models import conv_net, images
 from click.testing import CliRunner
 from onnx import TensorProto, helper
 from PIL import Image
@@ -21,6 +20,7 @@ from netquant.analysis.plot import QUANT_BAND, WORST_COLOR
 from netquant.api import QuantizedModel, quantize_onnx
 from netquant.cli.main import cli
 from netquant.errors import ConfigError, DataError, ExportError
+from tests.helpers.export_models import conv_net, images
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BATCH = 8

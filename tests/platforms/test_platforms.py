@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import conv_relu_gemm, matmul_model, residual_concat  # noqa: E402
-
-from netquant.core.config import QuantState  # noqa: E402
-from netquant.core.spec import Granularity, QuantFormat, RoundingPolicy, ScaleConstraint  # noqa: E402
-from netquant.errors import ConfigError  # noqa: E402
-from netquant.graph import load_onnx  # noqa: E402
-from netquant.passes import build_quant_graph  # noqa: E402
-from netquant.platforms import (  # noqa: E402
+from netquant.core.config import QuantState
+from netquant.core.spec import Granularity, QuantFormat, RoundingPolicy, ScaleConstraint
+from netquant.errors import ConfigError
+from netquant.graph import load_onnx
+from netquant.passes import build_quant_graph
+from netquant.platforms import (
     BUILTIN_PLATFORMS,
     Platform,
     get_platform,
@@ -24,6 +17,7 @@ from netquant.platforms import (  # noqa: E402
     register_platform,
     unregister_platform,
 )
+from tests.helpers.onnx_models import conv_relu_gemm, matmul_model, residual_concat
 
 BUILTIN_NAMES = ["onnxruntime_int8", "tensorrt_int8", "openvino_int8", "tflite_int8", "ncnn_int8", "qnn_dsp",
                  "academic_int8", "academic_int4", "pow2_int8", "fp8_e4m3"]
