@@ -8,11 +8,20 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+import torch
 from PIL import Image
 
 from netquant.platforms import list_platforms
 from tests.conftest import CliInvoke
 from tests.helpers.export_models import conv_with_runtime_weight, images
+from tests.helpers.exports import (
+    json_record,
+    read_params_json,
+    read_trt_cache,
+    round_outward,
+    symmetric_int8_scale,
+    torch_minmax_params,
+)
 
 
 @pytest.fixture()
@@ -41,21 +50,96 @@ def test_quantize_from_npy_writes_model_json_and_trt_cache(run_cli: CliInvoke, m
     y = sess.run(None, {"x": images(1, seed=5)})[0]
     ref = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"]).run(None, {"x": images(1, seed=5)})[0]
     assert np.corrcoef(y.ravel(), ref.ravel())[0, 1] > 0.99
-    assert (tmp_path / "p.json").stat().st_size > 0
-    assert (tmp_path / "c.cache").read_text().startswith("TRT-")
+    params = read_params_json(tmp_path / "p.json")
+    assert params["platform"] == "onnxruntime_int8"
+    # conv1 stays float on onnxruntime (too few multiply-adds); conv2's input r1 is the first quantized one
+    r1 = json_record(params, "conv2", "input:0")
+    assert (r1["tensor"], r1["state"], r1["bits"], r1["quant_min"], r1["quant_max"]) == ("r1", "ACTIVATED", 8, 0, 255)
+    # min/max observer on the .npy batches: torch.ao's uint8 params of r1's range in the FP32 model
+    scale, zp = torch_minmax_params(_fp32_tensor(model, "r1", images(16)), torch.quint8)
+    assert r1["zero_point"] == zp == 0 and r1["scale"] == pytest.approx(scale, rel=1e-6)
+    header, scales = read_trt_cache(tmp_path / "c.cache")
+    assert header == "TRT-8601-EntropyCalibration2"
+    assert list(scales) == ["r1", "r2", "f"]
+    assert scales["r1"] == pytest.approx(symmetric_int8_scale(scale, zp, 0, 255), rel=1e-6)
+    for tensor, amax_over_127 in scales.items():  # each entry: the exported range's amax / 127
+        rec = next(r for r in params["configs"] if r["tensor"] == tensor and r["state"] == "ACTIVATED")
+        assert amax_over_127 == pytest.approx(max(map(abs, rec["range"])) / 127, rel=1e-6), tensor
 
 
-def test_quantize_from_image_folder_and_random(run_cli: CliInvoke, model: Path, tmp_path: Path) -> None:
-    folder = tmp_path / "imgs"
+def _fp32_tensor(path: Path, name: str, x: np.ndarray) -> np.ndarray:
+    """Intermediate tensor `name` of the FP32 model, computed by onnxruntime one sample at a time."""
+    model = onnx.load(str(path))
+    model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return np.concatenate([sess.run([name], {"x": x[i:i + 1]})[0] for i in range(len(x))])
+
+
+MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+
+
+def _image_folder(folder: Path) -> Path:
+    """6 PNGs (20 x 20) whose R, G and B channels span different pixel ranges, so that the channel order
+    and the per-channel mean / std move the input's min / max."""
     folder.mkdir()
     rng = np.random.default_rng(0)
     for i in range(6):
-        Image.fromarray(rng.integers(0, 255, (20, 20, 3), dtype=np.uint8)).save(folder / f"{i}.png")
-    out = tmp_path / "img.onnx"
-    result = run_cli("quantize", model, "--calib", folder, "-o", out, "--mean", "0.485,0.456,0.406",
-                 "--std", "0.229,0.224,0.225", "--channel-order", "bgr", "--quiet")
+        rgb = np.stack([rng.integers(0, 90, (20, 20)), rng.integers(60, 170, (20, 20)),
+                        rng.integers(140, 256, (20, 20))], axis=-1).astype(np.uint8)
+        Image.fromarray(rgb).save(folder / f"{i}.png")
+    return folder
+
+
+def _hand_calibration(folder: Path, mean: tuple[float, ...], std: tuple[float, ...], bgr: bool) -> np.ndarray:
+    """PIL bilinear resize to the model's 16 x 16, optional RGB -> BGR, then (pixel / 255 - mean) / std."""
+    out = []
+    for path in sorted(folder.glob("*.png")):
+        with Image.open(path) as im:
+            pixels = np.asarray(im.convert("RGB").resize((16, 16), Image.BILINEAR), dtype=np.float64)
+        if bgr:
+            pixels = pixels[:, :, ::-1]
+        out.append(((pixels / 255 - np.array(mean)) / np.array(std)).transpose(2, 0, 1))
+    return np.stack(out).astype(np.float32)
+
+
+@pytest.mark.parametrize(("options", "mean", "std", "bgr"), [
+    ((), (0.0, 0.0, 0.0), (1.0, 1.0, 1.0), False),
+    (("--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD))), MEAN, STD, False),
+    (("--mean", ",".join(map(str, MEAN)), "--std", ",".join(map(str, STD)), "--channel-order", "bgr"),
+     MEAN, STD, True),
+], ids=["defaults", "mean_std", "mean_std_bgr"])
+def test_image_options_shape_the_calibration_tensors(run_cli: CliInvoke, model: Path, tmp_path: Path,
+                                                     options: tuple[str, ...], mean: tuple[float, ...],
+                                                     std: tuple[float, ...], bgr: bool) -> None:
+    folder = _image_folder(tmp_path / "imgs")
+    out, params = tmp_path / "img.onnx", tmp_path / "p.json"
+    # tflite_int8 quantizes the network input with a min/max int8 affine quantizer
+    result = run_cli("quantize", model, "--calib", folder, "-o", out, "--json", params, "--platform", "tflite_int8",
+                     *options, "--quiet")
     assert result.exit_code == 0, result.output
     assert out.exists() and result.output == ""
+    calib = _hand_calibration(folder, mean, std, bgr)
+    x = json_record(read_params_json(params), "conv1", "input:0")
+    assert (x["tensor"], x["state"], x["quant_min"], x["quant_max"]) == ("x", "ACTIVATED", -128, 127)
+    scale, zp = torch_minmax_params(calib, torch.qint8)
+    assert x["zero_point"] == zp and x["scale"] == pytest.approx(scale, rel=1e-6)
+    # the exported range is the rounded data range (holding 0), shifted by the zero point's rounding
+    # (< half a step)
+    lo, hi = x["range"]
+    assert abs(lo - round_outward(min(float(calib.min()), 0.0))) <= scale / 2 + 1e-7
+    assert abs(hi - round_outward(max(float(calib.max()), 0.0))) <= scale / 2 + 1e-7
+
+
+def test_the_three_image_settings_expect_different_input_params(tmp_path: Path) -> None:
+    """Guard for the test above: its three hand-computed expectations differ, so a CLI that ignored
+    --mean/--std or --channel-order would fail it."""
+    folder = _image_folder(tmp_path / "imgs")
+    expected = {torch_minmax_params(_hand_calibration(folder, mean, std, bgr), torch.qint8)
+                for mean, std, bgr in [((0.0,) * 3, (1.0,) * 3, False), (MEAN, STD, False), (MEAN, STD, True)]}
+    assert len(expected) == 3
+
+
+def test_quantize_from_random_calibration(run_cli: CliInvoke, model: Path, tmp_path: Path) -> None:
     result = run_cli("quantize", model, "--calib", "random", "--num-calib", "4", "-o", tmp_path / "r.onnx", "-q")
     assert result.exit_code == 0 and (tmp_path / "r.onnx").exists()
 

@@ -4,6 +4,7 @@ torch.ao reference for min/max activation params; tests compare decoded values, 
 from __future__ import annotations
 
 import json
+import math
 import struct
 from pathlib import Path
 from typing import Any
@@ -45,9 +46,20 @@ def symmetric_int8_scale(scale: float, zero_point: int, qmin: int, qmax: int) ->
     return amax / 127.0
 
 
-def torch_minmax_uint8(x: np.ndarray) -> tuple[float, int]:
-    """(scale, zero point) torch.ao's MinMaxObserver (quint8, per-tensor affine) picks for `x`."""
-    obs = MinMaxObserver(dtype=torch.quint8, qscheme=torch.per_tensor_affine)
-    obs(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)))
+def round_outward(v: float, bits: int = 8) -> float:
+    """`v` rounded away from zero to `bits` significant bits: netquant's rule for activation ranges
+    (v = m 2^e, m in [0.5, 1) -> sign(v) ceil(m 2^bits) 2^(e - bits); hand-checked in tests/passes)."""
+    if v == 0:
+        return 0.0
+    m, e = math.frexp(abs(v))
+    return math.copysign(math.ldexp(math.ceil(math.ldexp(m, bits)), e - bits), v)
+
+
+def torch_minmax_params(x: np.ndarray, dtype: torch.dtype) -> tuple[float, int]:
+    """(scale, zero point) torch.ao's MinMaxObserver (per-tensor affine, `dtype` quint8 or qint8) picks
+    for the range of `x` rounded outward to 8 significant bits."""
+    lo, hi = round_outward(float(x.min())), round_outward(float(x.max()))
+    obs = MinMaxObserver(dtype=dtype, qscheme=torch.per_tensor_affine)
+    obs(torch.tensor([lo, hi], dtype=torch.float32))
     scale, zp = obs.calculate_qparams()
     return float(scale), int(zp)
