@@ -39,10 +39,10 @@ def test_platforms_lists_every_platform_with_its_scheme(run_cli: CliInvoke) -> N
     assert all(name in table.output for name in list_platforms())
 
 
-def test_quantize_from_npy_writes_model_json_and_trt_cache(run_cli: CliInvoke, model: Path, tmp_path: Path) -> None:
-    np.save(tmp_path / "calib.npy", images(16))
+def test_quantize_from_npy_writes_model_json_and_trt_cache(run_cli: CliInvoke, model: Path, tmp_path: Path,
+                                                           calib_npy: Path, calib_images: np.ndarray) -> None:
     out = tmp_path / "out.onnx"
-    result = run_cli("quantize", model, "--calib", tmp_path / "calib.npy", "-o", out, "--json", tmp_path / "p.json",
+    result = run_cli("quantize", model, "--calib", calib_npy, "-o", out, "--json", tmp_path / "p.json",
                  "--trt-cache", tmp_path / "c.cache")
     assert result.exit_code == 0, result.output
     assert "QLinearConv x" in result.output and "ops quantized" in result.output
@@ -56,7 +56,7 @@ def test_quantize_from_npy_writes_model_json_and_trt_cache(run_cli: CliInvoke, m
     r1 = json_record(params, "conv2", "input:0")
     assert (r1["tensor"], r1["state"], r1["bits"], r1["quant_min"], r1["quant_max"]) == ("r1", "ACTIVATED", 8, 0, 255)
     # min/max observer on the .npy batches: torch.ao's uint8 params of r1's range in the FP32 model
-    scale, zp = torch_minmax_params(_fp32_tensor(model, "r1", images(16)), torch.quint8)
+    scale, zp = torch_minmax_params(_fp32_tensor(model, "r1", calib_images), torch.quint8)
     assert r1["zero_point"] == zp == 0 and r1["scale"] == pytest.approx(scale, rel=1e-6)
     header, scales = read_trt_cache(tmp_path / "c.cache")
     assert header == "TRT-8601-EntropyCalibration2"
