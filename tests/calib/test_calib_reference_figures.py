@@ -18,7 +18,7 @@ import torch
 from netquant.calib import Histogram, make_observer
 from netquant.calib.search import entropy_threshold_bin
 from netquant.core.spec import QuantSpec
-from tests.helpers import trt_reference as ref
+from tests.calib import trt_reference as ref
 
 RTOL = 1e-4
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import netquant.nn as nqnn
-from tests.helpers.digits import accuracy, trained_digits_cnn
+from tests.nn.digits import accuracy, trained_digits_cnn
 
 
 @pytest.fixture(scope="module")
