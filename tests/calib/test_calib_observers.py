@@ -7,11 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
-import trt_reference as ref
 
 from netquant.calib import GridMode, Histogram, make_observer
 from netquant.core.qparams import choose_qparams
 from netquant.core.spec import Granularity, QuantSpec, ScaleConstraint
+from tests.calib import trt_reference as ref
 
 
 def _data(seed: int, shape: tuple[int, ...]) -> torch.Tensor:

@@ -14,11 +14,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-import trt_reference as ref
 
 from netquant.calib import Histogram, make_observer
 from netquant.calib.search import entropy_threshold_bin
 from netquant.core.spec import QuantSpec
+from tests.calib import trt_reference as ref
 
 RTOL = 1e-4
 

@@ -116,11 +116,42 @@ def test_lsq_hand_computed_gradients() -> None:
 
 
 def test_lsq_integer_zero_point_gets_no_gradient() -> None:
-    x = torch.randn(10, generator=torch.Generator().manual_seed(0)).requires_grad_(True)
-    s = torch.tensor(0.05, requires_grad=True)
+    """An integer zero point is a constant: no gradient reaches it, x and scale get torch's LSQ gradients."""
+    x = torch.randn(10, generator=torch.Generator().manual_seed(0)) * 3
+    x[0], x[1] = 10.0, -10.0  # one element above qmax, one below qmin
+    xs, s = x.clone().requires_grad_(True), torch.tensor(0.05, requires_grad=True)
     zp = torch.tensor(3, dtype=torch.int32)
-    fake_quantize(x, s, zp, QuantSpec.int8(symmetric=False), grad_mode=GradMode.LSQ).sum().backward()
-    assert s.grad is not None and x.grad is not None
+    spec = QuantSpec.int8(symmetric=False)
+    y = fake_quantize(xs, s, zp, spec, grad_mode=GradMode.LSQ)
+    y.sum().backward()
+    assert zp.grad is None and not zp.requires_grad
+    # reference: torch's learnable kernel with the same zero point held constant (not a leaf needing grad)
+    xr, sr = x.clone().requires_grad_(True), torch.tensor([0.05], requires_grad=True)
+    yr = torch._fake_quantize_learnable_per_tensor_affine(xr, sr, torch.tensor([3.0]), -128, 127,
+                                                          1.0 / math.sqrt(10 * 127))
+    yr.sum().backward()
+    assert torch.equal(y, yr)
+    assert torch.equal(xs.grad, xr.grad)
+    assert xs.grad[:2].tolist() == [0.0, 0.0] and bool((xs.grad[2:] == 1.0).all())
+    assert s.grad.item() == sr.grad.item()
+    # the clipped elements contribute (qmax - z) + (qmin - z) = 124 - 131 = -7 before the gradient scale
+    inside = x[2:]
+    codes = torch.clamp(torch.round(inside / 0.05) + 3, -128, 127)
+    hand = ((codes - 3) * 0.05 - inside).sum() / 0.05 + (127 - 3) + (-128 - 3)
+    assert s.grad.item() == pytest.approx(float(hand) / math.sqrt(10 * 127), rel=1e-5)
+
+
+def test_lsq_plus_float_zero_point_gradient_is_zero_inside_and_minus_s_g_outside() -> None:
+    """LSQ+: a floating zero point gets dL/dz = 0 inside the grid and -dy * s * g where x is clipped."""
+    x = torch.tensor([0.3, -10.0, 10.0, 1.0, -0.2])
+    s = torch.tensor(0.5, requires_grad=True)
+    z = torch.tensor(1.0, requires_grad=True)
+    dy = torch.tensor([1.0, 2.0, -3.0, 4.0, 5.0])
+    y = fake_quantize(x.clone().requires_grad_(True), s, z, QuantSpec(bits=4, symmetric=False),
+                      grad_mode=GradMode.LSQ, lsq_grad_scale=0.25)
+    y.backward(dy)
+    # clipped: x=-10 (dy 2) and x=10 (dy -3): dz = -(2 + -3) * 0.5 * 0.25
+    assert z.grad.item() == -(2.0 - 3.0) * 0.5 * 0.25
 
 
 def test_lsq_per_group_equals_per_channel_on_reshaped_tensor() -> None:

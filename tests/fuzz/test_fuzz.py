@@ -11,7 +11,8 @@ import warnings
 from pathlib import Path
 
 import pytest
-from fuzzgen import Category, Door, Outcome, make_case, run_cases
+
+from tests.fuzz.fuzzgen import Category, Door, Outcome, make_case, run_cases
 
 DEFAULT_SEEDS, SLOW_SEEDS = range(0, 300), range(300, 5300)
 CHUNK = 50
@@ -49,7 +50,7 @@ def test_the_generator_is_seeded_and_covers_every_category_and_door() -> None:
 
 def test_valid_cases_give_results_and_truncated_ones_netquant_errors(tmp_path: Path) -> None:
     """The classification is not vacuous: valid models really run (and export), broken bytes really fail."""
-    from fuzzgen import run_case
+    from tests.fuzz.fuzzgen import run_case
 
     valid = [c for c in map(make_case, DEFAULT_SEEDS) if c.category is Category.VALID][:6]
     truncated = [c for c in map(make_case, DEFAULT_SEEDS) if c.category is Category.TRUNCATED][:6]

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from fuzzgen import conv_model
 
 import netquant
 from netquant.data.calib import ModelInput, load_arrays, random_data
 from netquant.errors import DataError
+from tests.fuzz.fuzzgen import conv_model
 
 
 def test_quantize_onnx_takes_serialized_bytes_and_refuses_string_arrays() -> None:

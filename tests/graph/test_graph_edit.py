@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
-from _graph_helpers import ort_run, ppocr_input, rel_err
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
@@ -22,6 +21,7 @@ from netquant.graph.edit import (
     remove_identity,
 )
 from netquant.graph.pattern import match_chains
+from tests.helpers.graph_helpers import ort_run, ppocr_input, rel_err
 
 RNG = np.random.default_rng(3)
 
@@ -144,7 +144,7 @@ def test_fold_constants_on_light_resnet50(tmp_path) -> None:
     assert all(n.op_type != "ConstantOfShape" for n in g.nodes)
     save_onnx(g, tmp_path / "folded.onnx")
     model = onnx.load(str(model_path))
-    from _graph_helpers import light_input
+    from tests.helpers.graph_helpers import light_input
 
     x = light_input(model)
     name = g.inputs[0].name

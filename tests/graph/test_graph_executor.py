@@ -10,7 +10,6 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
-from _graph_helpers import ort_run, ppocr_input
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
@@ -18,6 +17,7 @@ from onnx import numpy_helper as nh
 from netquant.api.zoo import ppocr_model_path
 from netquant.errors import DataError, ModelError, UnsupportedOpError
 from netquant.graph import Executor, load_onnx
+from tests.helpers.graph_helpers import ort_run, ppocr_input
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)

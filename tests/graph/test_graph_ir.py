@@ -6,13 +6,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _graph_helpers import ort_run
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 from netquant.errors import ModelError
 from netquant.graph import Executor, Graph, Node, load_onnx, save_onnx, to_onnx
+from tests.helpers.graph_helpers import ort_run
 
 X = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
 

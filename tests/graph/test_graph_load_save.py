@@ -8,13 +8,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _graph_helpers import ort_run
 from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
 from netquant.errors import ModelError
 from netquant.graph import Executor, Node, load_onnx, save_onnx, to_onnx
+from tests.helpers.graph_helpers import ort_run
 
 RNG = np.random.default_rng(1)
 

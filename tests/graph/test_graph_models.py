@@ -7,10 +7,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _graph_helpers import light_case, ort_run, ppocr_input, rel_err
 
 from netquant.api.zoo import LIGHT_MODELS, ppocr_model_path
 from netquant.graph import Executor, load_onnx, to_onnx
+from tests.helpers.graph_helpers import light_case, ort_run, ppocr_input, rel_err
 
 # the three with big fully-connected layers take seconds each on 2 cores: slow tier
 SLOW_LIGHT = {"bvlc_alexnet", "vgg19", "zfnet512"}

@@ -7,9 +7,9 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from digits import accuracy, trained_digits_cnn
 
 import netquant.nn as nqnn
+from tests.nn.digits import accuracy, trained_digits_cnn
 
 
 @pytest.fixture(scope="module")

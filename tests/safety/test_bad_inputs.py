@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _safety_models import conv_relu, images, no_inputs, token_embedding
 from click.testing import CliRunner
 from PIL import Image
 from torch import nn
@@ -18,6 +17,7 @@ import netquant.nn as nqnn
 from netquant.cli.main import cli
 from netquant.data.calib import ImageOptions, index_limits, load_calibration, model_inputs
 from netquant.errors import ConfigError, DataError, ExportError
+from tests.helpers.safety_models import conv_relu, images, no_inputs, token_embedding
 
 
 def invoke(*args: str | Path, env: dict[str, str] | None = None) -> object:

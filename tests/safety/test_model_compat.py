@@ -8,7 +8,6 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from _safety_models import conv_relu, custom_domain, dynamic_relu, fp16_matmul, images, ir3_opset7, ort_run
 from click.testing import CliRunner
 
 import netquant
@@ -16,6 +15,15 @@ from netquant.api.quantize import ModelCheckWarning
 from netquant.cli.main import cli
 from netquant.errors import ExportError, UnsupportedOpError
 from netquant.graph.ops import register_op
+from tests.helpers.safety_models import (
+    conv_relu,
+    custom_domain,
+    dynamic_relu,
+    fp16_matmul,
+    images,
+    ir3_opset7,
+    ort_run,
+)
 
 CALIB = [images(1, seed=s) for s in range(8)]
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from _safety_models import conv_relu, images, ort_run
 from click.testing import CliRunner
 
 import netquant
@@ -19,6 +18,7 @@ from netquant.atomic import atomic_path
 from netquant.cli.main import cli
 from netquant.errors import ConfigError, ExportError
 from netquant.outputs import OutputPlan
+from tests.helpers.safety_models import conv_relu, images, ort_run
 
 
 @pytest.fixture()

@@ -1,12 +1,16 @@
-"""Run all backend node cases through the local harness; print per-op-type counts (dev tool)."""
+"""Run all backend node cases through the local harness; print per-op-type counts.
+
+Dev tool, run from the repository root: ``python -m tests.graph.ops.sweep [name filter] [-v]``.
+"""
 import collections
 import sys
 import traceback
 import warnings
 
 warnings.filterwarnings("ignore")
-from node_harness import Skip, check_case  # noqa: E402
 from onnx.backend.test.case.node import collect_testcases  # noqa: E402
+
+from tests.helpers.node_harness import Skip, check_case  # noqa: E402
 
 
 def main(filt=None, verbose=False):

@@ -14,9 +14,9 @@ from collections import defaultdict
 import numpy as np
 import onnx
 import pytest
-from node_harness import Skip, check_case
 
 from netquant.graph.ops.registry import supported_op_types
+from tests.helpers.node_harness import Skip, check_case
 
 RANDOM_CASES = ("test_bernoulli", "test_training_dropout", "test_dropout_random")
 NEEDS_SUBGRAPH = {"If", "Loop", "Scan", "SequenceMap"}

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from node_harness import ort_and_ours
 from onnx import helper as oh
+
+from tests.helpers.node_harness import ort_and_ours
 
 RNG = np.random.default_rng(0)
 
@@ -146,7 +147,7 @@ def test_recurrent_with_sequence_lens(op: str, direction: str) -> None:
 
 def test_lstm_peepholes_clip_and_batch_major_layout() -> None:
     """onnxruntime lacks layout=1: compare our batch-major run with its time-major run on the same data."""
-    from node_harness import run_model, single_node_model, torch_to_np
+    from tests.helpers.node_harness import run_model, single_node_model, torch_to_np
 
     t, b, i, h = 4, 2, 3, 5
     inputs = {"x": _f32(t, b, i), "w": _f32(1, 4 * h, i), "r": _f32(1, 4 * h, h), "bias": _f32(1, 8 * h),

@@ -1,4 +1,4 @@
-"""Small ONNX models (built with onnx.helper) shared by the PTQ tests; no tests here."""
+"""Small ONNX models (built with onnx.helper) for the quantizer, platform and API tests."""
 
 from __future__ import annotations
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -11,13 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import calib_batches, conv_relu_gemm, residual_concat  # noqa: E402
-
-import netquant  # noqa: E402
-from netquant.api import ExportKind, QuantizedModel, quantize_onnx, quantize_torch  # noqa: E402
-from netquant.errors import ConfigError, DataError, ModelError  # noqa: E402
+import netquant
+from netquant.api import ExportKind, QuantizedModel, quantize_onnx, quantize_torch
+from netquant.errors import ConfigError, DataError, ModelError
+from tests.helpers.exports import json_record, read_params_json, read_trt_cache, symmetric_int8_scale
+from tests.helpers.onnx_models import calib_batches, conv_relu_gemm, residual_concat
 
 
 def _cos(a: np.ndarray, b: np.ndarray) -> float:
@@ -73,9 +70,9 @@ def test_export_runs_in_onnxruntime_and_agrees(tmp_path):
     y_fq = qm.run({"x": x})["y"].numpy()
     assert _cos(y_ort, y_fq) >= 0.999
     qm.export(tmp_path / "q.json", format="json")
-    assert (tmp_path / "q.json").read_text().startswith("{")
+    _check_params_json(read_params_json(tmp_path / "q.json"), qm)
     qm.export(tmp_path / "q.cache", format=ExportKind.TENSORRT_CACHE)
-    assert (tmp_path / "q.cache").read_text().startswith("TRT-")
+    _check_trt_cache(tmp_path / "q.cache", read_params_json(tmp_path / "q.json"))
     with pytest.raises(ConfigError, match="unknown export format 'tflite'; choose one of qdq, json, tensorrt_cache"):
         qm.export(tmp_path / "q.tflite", format="tflite")
 
@@ -134,3 +131,52 @@ def test_quantize_torch_end_to_end(tmp_path):
 def test_missing_model_file():
     with pytest.raises(ModelError, match="does not exist"):
         quantize_onnx("/no/such/model.onnx", calib_batches((1, 3, 8, 8), 1))
+
+
+def _params(cfg) -> tuple[list[float] | float, list[int] | int]:
+    p = cfg.effective_params
+    scale, zp = p.scale.reshape(-1).tolist(), p.zero_point.reshape(-1).tolist()
+    return (scale[0], zp[0]) if p.scale.dim() == 0 else (scale, zp)
+
+
+def _check_params_json(data: dict, qm) -> None:
+    """residual_concat on onnxruntime_int8: named records hold the configs' state, bits and params."""
+    assert data["platform"] == "onnxruntime_int8" and data["model"] == "residual_concat"
+    conv1 = qm.qgraph.op_configs["conv1"]
+    expected = {  # (node, place): (state, bits, quant_min, quant_max, granularity, config)
+        ("conv1", "input:0"): ("ACTIVATED", 8, 0, 255, "per_tensor", conv1.inputs[0]),
+        ("conv1", "input:1"): ("ACTIVATED", 8, -128, 127, "per_channel", conv1.inputs[1]),
+        ("conv1", "input:2"): ("PASSIVE", 32, -2**31, 2**31 - 1, "per_channel", conv1.inputs[2]),
+        ("conv1", "output:0"): ("ACTIVATED", 8, 0, 255, "per_tensor", conv1.outputs[0]),
+        ("conv2", "input:0"): ("OVERLAPPED", 8, 0, 255, "per_tensor", qm.qgraph.op_configs["conv2"].inputs[0]),
+    }
+    for (node, place), (state, bits, qmin, qmax, gran, cfg) in expected.items():
+        rec = json_record(data, node, place)
+        assert (rec["state"], rec["bits"], rec["quant_min"], rec["quant_max"], rec["granularity"]) == (
+            state, bits, qmin, qmax, gran), (node, place)
+        assert (rec["scale"], rec["zero_point"]) == _params(cfg), (node, place)
+    x, w, b = (json_record(data, "conv1", f"input:{i}") for i in range(3))
+    assert (x["tensor"], w["tensor"], b["tensor"]) == ("x", "W1", "B1")
+    assert w["zero_point"] == [0] * 16 and w["axis"] == 0 and len(w["scale"]) == 16
+    # int32 bias scale = input scale * weight scale, per output channel
+    assert b["scale"] == pytest.approx([x["scale"] * sw for sw in w["scale"]], rel=1e-6)
+    # an activation range holds 0 and spans 255 steps of the scale
+    lo, hi = x["range"]
+    assert lo == pytest.approx(-x["zero_point"] * x["scale"]) and hi == pytest.approx((255 - x["zero_point"]) * x["scale"])
+    assert json_record(data, "conv2", "input:0")["shares_params_with"] == "a"
+    add = json_record(data, "add", "input:0")
+    assert add["state"] == "FP32" and "scale" not in add
+
+
+def _check_trt_cache(path: Path, data: dict) -> None:
+    """One entry per quantized activation (Add / Sigmoid / Concat stay float), each amax / 127."""
+    header, scales = read_trt_cache(path)
+    assert header == "TRT-8601-EntropyCalibration2"
+    assert list(scales) == ["x", "a", "b", "cat", "y"]
+    emitting = {("x", "conv1", "input:0"), ("a", "conv1", "output:0"), ("b", "conv2", "output:0"),
+                ("cat", "conv3", "input:0"), ("y", "conv3", "output:0")}
+    for tensor, node, place in emitting:
+        rec = json_record(data, node, place)
+        assert rec["tensor"] == tensor
+        assert scales[tensor] == pytest.approx(symmetric_int8_scale(rec["scale"], rec["zero_point"], 0, 255),
+                                              rel=1e-6), tensor

@@ -4,11 +4,12 @@ machine's int8 arithmetic, and the doctor command."""
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from _export_models import conv_net, images
 from click.testing import CliRunner
+from onnx import numpy_helper
 
 import netquant
 from netquant.cli.main import cli
@@ -17,6 +18,8 @@ from netquant.errors import ConfigError, ExportError
 from netquant.passes.int_emulation import kernel_sites
 from netquant.platforms import get_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme, host_accumulation
+from tests.helpers.export_models import conv_net, images
+from tests.helpers.exports import json_record, read_params_json
 
 
 def _quantize(**kw):
@@ -107,9 +110,8 @@ def site_layout(site):
 
 def test_cli_target_and_scheme_reach_the_weights(tmp_path) -> None:
     model = tmp_path / "m.onnx"
-    import onnx
-
     onnx.save(conv_net(channels=16), str(model))
+    weights = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(model)).graph.initializer}
     runner = CliRunner()
     for scheme, bound in (("int7", 64), ("int8-pairs", 128)):
         out = tmp_path / f"q_{scheme}.onnx"
@@ -119,6 +121,17 @@ def test_cli_target_and_scheme_reach_the_weights(tmp_path) -> None:
         w = _int8_initializers(out)
         biggest = max(int(np.abs(a.astype(np.int32)).max()) for a in w)
         assert (biggest == 64) if bound == 64 else (64 < biggest <= 128)
+        params = read_params_json(tmp_path / f"{scheme}.json")
+        for node, tensor in (("conv1", "w1"), ("conv2", "w2"), ("fc", "wg")):
+            rec = json_record(params, node, "input:1")
+            assert (rec["tensor"], rec["state"], rec["granularity"], rec["axis"]) == (tensor, "ACTIVATED",
+                                                                                       "per_channel", 0)
+            assert (rec["quant_min"], rec["quant_max"]) == ((-64, 64) if scheme == "int7" else (-128, 127))
+            if scheme == "int7":  # symmetric min/max: per output channel max |w| / 64
+                amax = np.abs(weights[tensor].reshape(len(weights[tensor]), -1)).max(axis=1)
+                if node == "conv1":  # BatchNormalization folded into conv1: w * gamma / sqrt(var + 1e-5)
+                    amax = amax * np.abs(weights["bn_scale"]) / np.sqrt(weights["bn_var"].astype(np.float64) + 1e-5)
+                assert rec["scale"] == pytest.approx((amax / 64).tolist(), rel=1e-6)
     res = runner.invoke(cli, ["quantize", str(model), "--calib", "random", "-o", str(tmp_path / "x.onnx"),
                               "--target", "pentium"])
     assert res.exit_code != 0 and "unknown CPU target 'pentium'" in res.output

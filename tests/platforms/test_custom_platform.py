@@ -2,22 +2,16 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import calib_batches, residual_concat  # noqa: E402
-
-import netquant  # noqa: E402
-from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy  # noqa: E402
-from netquant.core.tensor_config import QuantState  # noqa: E402
-from netquant.platforms import Platform, get_platform, list_platforms, register_platform, unregister_platform  # noqa: E402
+import netquant
+from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
+from netquant.core.tensor_config import QuantState
+from netquant.platforms import Platform, get_platform, list_platforms, register_platform, unregister_platform
+from tests.helpers.onnx_models import calib_batches, residual_concat
 
 HOOKED: list[str] = []
 

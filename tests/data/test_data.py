@@ -104,7 +104,8 @@ def test_real_recognizer_reads_rendered_lines() -> None:
 
 def test_model_inputs_reads_names_shapes_dtypes(tmp_path: Path) -> None:
     import onnx
-    from _export_models import conv_net
+
+    from tests.helpers.export_models import conv_net
 
     onnx.save(conv_net(), tmp_path / "m.onnx")
     (inp,) = model_inputs(tmp_path / "m.onnx")

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,22 +10,19 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import (  # noqa: E402
+import netquant
+from netquant.core.spec import Granularity, QuantSpec
+from netquant.core.tensor_config import QuantState
+from netquant.errors import CalibrationError, ConfigError, DataError, UnsupportedOpError
+from netquant.graph import load_onnx
+from netquant.passes import OpSelector, Override, QuantizerWarning, build_quant_graph
+from netquant.platforms import get_platform
+from tests.helpers.onnx_models import (
     calib_batches,
     conv_relu_gemm,
     dynamic_weight_conv,
     residual_concat,
 )
-
-import netquant  # noqa: E402
-from netquant.core.spec import Granularity, QuantSpec  # noqa: E402
-from netquant.core.tensor_config import QuantState  # noqa: E402
-from netquant.errors import CalibrationError, ConfigError, DataError, UnsupportedOpError  # noqa: E402
-from netquant.graph import load_onnx  # noqa: E402
-from netquant.passes import OpSelector, Override, QuantizerWarning, build_quant_graph  # noqa: E402
-from netquant.platforms import get_platform  # noqa: E402
 
 ORT = "onnxruntime_int8"
 

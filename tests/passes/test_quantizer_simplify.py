@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import math
-import sys
-from pathlib import Path
 
 import numpy as np
 import onnx
@@ -12,12 +10,10 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-import netquant  # noqa: E402
-from netquant.graph import load_onnx, to_onnx  # noqa: E402
-from netquant.passes.flat_ranges import FlatRanges  # noqa: E402
-from netquant.passes.simplify import fold_conv_affine, hardswish_to_hardsigmoid, simplify  # noqa: E402
+import netquant
+from netquant.graph import load_onnx, to_onnx
+from netquant.passes.flat_ranges import FlatRanges
+from netquant.passes.simplify import fold_conv_affine, hardswish_to_hardsigmoid, simplify
 
 K, C = 1.7, 0.4  # learnable-affine-block scale and shift (PP-LCNet style)
 

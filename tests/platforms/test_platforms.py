@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import conv_relu_gemm, matmul_model, residual_concat  # noqa: E402
-
-from netquant.core.spec import Granularity, QuantFormat, RoundingPolicy, ScaleConstraint  # noqa: E402
-from netquant.core.tensor_config import QuantState  # noqa: E402
-from netquant.errors import ConfigError  # noqa: E402
-from netquant.graph import load_onnx  # noqa: E402
-from netquant.passes import build_quant_graph  # noqa: E402
-from netquant.platforms import (  # noqa: E402
+from netquant.core.spec import Granularity, QuantFormat, QuantSpec, RoundingPolicy, ScaleConstraint
+from netquant.core.tensor_config import QuantState
+from netquant.errors import ConfigError
+from netquant.graph import load_onnx
+from netquant.passes import build_quant_graph
+from netquant.platforms import (
     BUILTIN_PLATFORMS,
     Platform,
     get_platform,
@@ -24,6 +17,7 @@ from netquant.platforms import (  # noqa: E402
     register_platform,
     unregister_platform,
 )
+from tests.helpers.onnx_models import conv_relu_gemm, matmul_model, residual_concat
 
 BUILTIN_NAMES = ["onnxruntime_int8", "tensorrt_int8", "openvino_int8", "tflite_int8", "ncnn_int8", "qnn_dsp",
                  "academic_int8", "academic_int4", "pow2_int8", "fp8_e4m3"]
@@ -165,13 +159,38 @@ def test_academic_quantizes_only_compute_inputs():
     assert not qg.op_configs["pool"].is_quantized and not qg.op_configs["relu"].is_quantized
 
 
+_PC0 = {"granularity": Granularity.PER_CHANNEL, "axis": 0}
+# The Conv weight spec each engine documents (qmin, qmax follow from bits/signed/narrow_range).
+CONV_WEIGHT_SPECS = {
+    # pair-limited int8 weights ('any' CPU target) keep the full int8 code range [-128, 127]
+    "onnxruntime_int8": (QuantSpec(bits=8, signed=True, symmetric=True, **_PC0), -128, 127),
+    "tensorrt_int8": (QuantSpec(bits=8, signed=True, symmetric=True, narrow_range=True, **_PC0), -127, 127),
+    "openvino_int8": (QuantSpec(bits=8, signed=True, symmetric=True, narrow_range=True, **_PC0), -127, 127),
+    "tflite_int8": (QuantSpec(bits=8, signed=True, symmetric=True, narrow_range=True, **_PC0), -127, 127),
+    "ncnn_int8": (QuantSpec(bits=8, signed=True, symmetric=True, narrow_range=True,
+                            rounding=RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO, **_PC0), -127, 127),
+    "qnn_dsp": (QuantSpec(bits=8, signed=False, symmetric=False), 0, 255),
+    "academic_int8": (QuantSpec(bits=8, signed=True, symmetric=True), -128, 127),
+    "academic_int4": (QuantSpec(bits=4, signed=True, symmetric=True), -8, 7),
+    "pow2_int8": (QuantSpec(bits=8, signed=True, symmetric=True, scale_constraint=ScaleConstraint.POWER_OF_TWO,
+                            rounding=RoundingPolicy.ROUND_HALF_UP, **_PC0), -128, 127),
+    "fp8_e4m3": (QuantSpec(bits=8, signed=True, symmetric=True, fmt=QuantFormat.FP8_E4M3, **_PC0), None, None),
+}
+
+
+def test_conv_weight_spec_table_covers_every_builtin():
+    assert sorted(CONV_WEIGHT_SPECS) == sorted(BUILTIN_NAMES)
+
+
 @pytest.mark.parametrize("name", BUILTIN_NAMES)
 def test_every_platform_builds_and_quantizes_the_conv(name):
     qg = build(conv_relu_gemm(), name)
     assert "conv" in qg.quantized_ops()
     w = qg.op_configs["conv"].weight_config()
-    assert w is not None and w.spec == get_platform(name).weight_spec_for(
-        qg.graph.node("conv"), get_platform(name).rule("Conv"), 4)
+    spec, qmin, qmax = CONV_WEIGHT_SPECS[name]
+    assert w is not None and w.spec == spec
+    if qmin is not None:
+        assert (w.spec.qmin, w.spec.qmax) == (qmin, qmax)
 
 
 def _depthwise_model(after_relu: bool):

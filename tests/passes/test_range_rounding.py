@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-
-from test_quantizer_helpers import calib_batches, conv_relu_gemm  # noqa: E402
-
-import netquant  # noqa: E402
-from netquant.errors import ConfigError  # noqa: E402
-from netquant.passes.calibration import round_range_outward  # noqa: E402
+import netquant
+from netquant.errors import ConfigError
+from netquant.passes.calibration import round_range_outward
+from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
 
 ORT = "onnxruntime_int8"
 

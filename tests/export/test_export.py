@@ -12,7 +12,6 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from _export_models import conv_net, images, mlp
 from onnx import numpy_helper
 
 import netquant
@@ -29,6 +28,7 @@ from netquant.export import (
 from netquant.export.opset import ai_onnx_opset
 from netquant.export.validate import cosine
 from netquant.platforms import list_platforms
+from tests.helpers.export_models import conv_net, images, mlp
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -214,6 +214,21 @@ def test_tensorrt_cache_holds_amax_over_127_of_each_activation(tmp_path: Path) -
                      if c is not None and c.state is QuantState.ACTIVATED and c.name == "x"):
         assert parsed["x"] == pytest.approx(float(slot_cfg.effective_params.scale), rel=1e-6)
     assert parsed == pytest.approx(trt_scales(qm.qgraph), rel=1e-7)
+    # independently of trt_scales: one entry per activation with its own quantizer (ACTIVATED, or PASSIVE
+    # like MaxPool's output, which reuses its input's params), holding that config's scale, which is
+    # amax / 127 for TensorRT's symmetric narrow int8 (zero point 0, range +-127 s)
+    expected: dict[str, set[float]] = {}
+    for oc in qm.qgraph.op_configs.values():
+        for cfg, tensor in [*zip(oc.inputs, oc.op.inputs), *zip(oc.outputs, oc.op.outputs)]:
+            if cfg is None or cfg.state not in (QuantState.ACTIVATED, QuantState.PASSIVE) \
+                    or tensor in qm.qgraph.graph.initializers:
+                continue
+            p = cfg.effective_params
+            assert int(p.zero_point) == 0 and (cfg.spec.qmin, cfg.spec.qmax) == (-127, 127)
+            expected.setdefault(tensor, set()).add(float(p.scale))
+    assert set(parsed) == set(expected) and "x" in parsed
+    for tensor, scale in parsed.items():
+        assert len(expected[tensor]) == 1 and scale == pytest.approx(expected[tensor].pop(), rel=1e-7), tensor
 
 
 def test_quant_params_json_records_every_config(tmp_path: Path) -> None:

@@ -11,16 +11,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from _export_models import conv_net, images
-from click.testing import CliRunner
 from onnx import TensorProto, helper
 from PIL import Image
 
 from netquant.analysis import LayerError, plot_layer_errors
 from netquant.analysis.plot import QUANT_BAND, WORST_COLOR
 from netquant.api import QuantizedModel, quantize_onnx
-from netquant.cli.main import cli
 from netquant.errors import ConfigError, DataError, ExportError
+from tests.conftest import CliInvoke
+from tests.helpers.export_models import conv_net, images
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 BATCH = 8
@@ -43,10 +42,6 @@ def model_and_calib(tmp_path: Path, calib: np.ndarray) -> tuple[Path, Path]:
     onnx.save(conv_net(batch="N"), tmp_path / "net.onnx")
     np.save(tmp_path / "calib.npy", calib)
     return tmp_path / "net.onnx", tmp_path / "calib.npy"
-
-
-def run_cli(*args: str | Path) -> object:
-    return CliRunner().invoke(cli, [str(a) for a in args], catch_exceptions=False)
 
 
 def _pixels_near(img: Image.Image, hex_color: str, tol: int = 6) -> int:
@@ -108,7 +103,7 @@ def test_plot_bad_arguments_are_clear_errors(qm: QuantizedModel, tmp_path: Path)
     assert not list(tmp_path.iterdir())
 
 
-def test_missing_matplotlib_says_how_to_install_it(qm: QuantizedModel, tmp_path: Path,
+def test_missing_matplotlib_says_how_to_install_it(run_cli: CliInvoke, qm: QuantizedModel, tmp_path: Path,
                                                    monkeypatch: pytest.MonkeyPatch,
                                                    model_and_calib: tuple[Path, Path]) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` sees when it is not installed
@@ -136,7 +131,7 @@ def _onnxruntime_tensor(model: onnx.ModelProto, name: str, x: np.ndarray) -> np.
     return sess.run([name], {"x": x})[0]
 
 
-def test_cli_markdown_report_matches_hand_computed_snr_and_cosine(
+def test_cli_markdown_report_matches_hand_computed_snr_and_cosine(run_cli: CliInvoke,
         qm: QuantizedModel, calib: np.ndarray, model_and_calib: tuple[Path, Path], tmp_path: Path) -> None:
     model, calib_path = model_and_calib
     report = tmp_path / "layers.md"
@@ -169,7 +164,7 @@ def test_cli_markdown_report_matches_hand_computed_snr_and_cosine(
     assert float(relu2[5]) == pytest.approx(float(np.abs(ref - q).max()), rel=1e-3, abs=1e-5)
 
 
-def test_cli_png_report_and_unknown_extension(model_and_calib: tuple[Path, Path], tmp_path: Path) -> None:
+def test_cli_png_report_and_unknown_extension(run_cli: CliInvoke, model_and_calib: tuple[Path, Path], tmp_path: Path) -> None:
     model, calib = model_and_calib
     out = tmp_path / "q.onnx"
     result = run_cli("quantize", model, "--calib", calib, "-o", out, "--report", tmp_path / "layers.png", "--quiet")
