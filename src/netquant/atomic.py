@@ -24,6 +24,19 @@ def _file_mode() -> int:
     return 0o666 & ~mask
 
 
+def new_hidden_file(target: Path, suffix: str, error: type[NetquantError], subject: str) -> Path:
+    """Create the empty file `.{target.name}.XXXX{suffix}` beside `target`; `error` ('{subject}: no file can be
+    created ...') when the folder refuses it."""
+    folder = target.parent if str(target.parent) else Path(".")
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=folder)
+    except OSError as exc:
+        raise error(f"{subject}: no file can be created in folder '{folder}' ({exc.strerror or exc}); "
+                    "choose a writable folder") from exc
+    os.close(fd)
+    return Path(name)
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike[str], what: str = "file",
                 error: type[NetquantError] = ExportError) -> Iterator[Path]:
@@ -38,13 +51,7 @@ def atomic_path(path: str | os.PathLike[str], what: str = "file",
         raise error(f"cannot write {what} '{target}': folder '{folder}' does not exist")
     if target.is_dir():
         raise error(f"cannot write {what} '{target}': it is a folder; give a file name")
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=folder)
-    except OSError as exc:
-        raise error(f"cannot write {what} '{target}': no file can be created in folder '{folder}' "
-                    f"({exc.strerror or exc}); choose a writable folder") from exc
-    os.close(fd)
-    tmp = Path(tmp_name)
+    tmp = new_hidden_file(target, ".tmp", error, f"cannot write {what} '{target}'")
     try:
         yield tmp
         os.chmod(tmp, _file_mode())

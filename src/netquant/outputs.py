@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
+from netquant.atomic import new_hidden_file
 from netquant.errors import ConfigError, ExportError, NetquantError
 
 T = TypeVar("T")
@@ -69,13 +70,7 @@ def _check_writable_folder(out: PlannedOutput, error: type[NetquantError]) -> No
     folder = out.path.parent if str(out.path.parent) else Path(".")
     if not folder.is_dir():
         raise error(f"{out.option} '{out.path}': folder '{folder}' does not exist; create it first")
-    try:
-        fd, probe = tempfile.mkstemp(prefix=f".{out.path.name}.", suffix=".probe", dir=folder)
-    except OSError as exc:
-        raise error(f"{out.option} '{out.path}': no file can be created in folder '{folder}' "
-                          f"({exc.strerror or exc}); choose a writable folder") from exc
-    os.close(fd)
-    os.unlink(probe)
+    new_hidden_file(out.path, ".probe", error, f"{out.option} '{out.path}'").unlink()
 
 
 @dataclass
