@@ -90,8 +90,8 @@ def limit_pair_sums(real_codes: torch.Tensor, codes: torch.Tensor, layout: Weigh
     closest point of |q0| + |q1| = limit (both magnitudes lowered by the same amount, then rounded);
     other pairs are unchanged.
     """
-    shape = codes.shape
-    q = _pairs(layout.to_nk(codes).to(torch.float64)).clone()
+    nk = layout.to_nk(codes).to(torch.float64)
+    q = _pairs(nk).clone()
     over = (q[..., 0] * q[..., 1] > 0) & (q.abs().sum(-1) > limit)
     if not bool(over.any()):
         return codes
@@ -100,8 +100,8 @@ def limit_pair_sums(real_codes: torch.Tensor, codes: torch.Tensor, layout: Weigh
     m0 = v[:, 0] - (v.sum(-1) - limit) / 2
     r0 = torch.round(m0.clamp(limit - max_code, max_code))
     q[over] = torch.stack([r0, limit - r0], -1) * sign[:, None]
-    flat = q.reshape(q.shape[0], -1)[:, : layout.to_nk(codes).shape[1]]
-    return layout.from_nk(flat, shape).to(codes.dtype)
+    flat = q.reshape(q.shape[0], -1)[:, : nk.shape[1]]
+    return layout.from_nk(flat, codes.shape).to(codes.dtype)
 
 
 def _saturated_minus_exact(a0: torch.Tensor, a1: torch.Tensor, w0: torch.Tensor, w1: torch.Tensor) -> torch.Tensor:
