@@ -205,11 +205,13 @@ class PairSumLimit:
 
 
 def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
-                     limit: PairSumLimit) -> torch.Tensor:
-    """Integer codes of x under spec (symmetric int8 weights), then `limit` applied."""
+                     limit: PairSumLimit | None) -> torch.Tensor:
+    """Integer codes of x under spec, then `limit` applied (None: plain core.ops.quantize)."""
     from netquant.core.ops import quantize
 
     codes = quantize(x, scale, zero_point, spec)
+    if limit is None:
+        return codes
     s = scale.to(torch.float64)
     if s.numel() > 1 and spec.axis is not None:
         shape = [1] * x.dim()

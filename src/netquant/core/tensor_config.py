@@ -95,6 +95,11 @@ class TensorQuantConfig:
         return self.root.params
 
     @property
+    def effective_pair_limit(self) -> PairSumLimit | None:
+        """The pair limit on this config, else on the root of its dominated_by chain."""
+        return self.pair_limit or self.root.pair_limit
+
+    @property
     def is_active(self) -> bool:
         """True if the tensor is quantized with params (ACTIVATED, PASSIVE, OVERLAPPED, BAKED)."""
         return self.state.uses_params

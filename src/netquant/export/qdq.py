@@ -18,7 +18,6 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from netquant.core.int_kernels import quantize_limited
-from netquant.core.ops import quantize
 from netquant.core.qdq_types import clip_range, qdq_min_opset
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.core.tensor_config import TensorQuantConfig
@@ -186,8 +185,7 @@ class QdqBuilder:
             if x.dim() == 0 or scale.numel() != x.shape[axis]:
                 raise ExportError(f"per-channel scale of '{name}' has {scale.numel()} values but the tensor has "
                                   f"shape {tuple(x.shape)} (axis {spec.axis})")
-        limit = cfg.pair_limit or root(cfg).pair_limit
-        q = quantize(x, scale, zp, spec) if limit is None else quantize_limited(x, scale, zp, spec, limit)
+        q = quantize_limited(x, scale, zp, spec, cfg.effective_pair_limit)
         q = q.to(dtype) if not spec.is_float else q
         base = name.replace("/", "_")
         qname = self.add_init(f"{base}_quantized", q, TORCH_TO_ONNX[dtype])

@@ -196,7 +196,7 @@ def likely_cause(qgraph: QuantizedGraph, accumulation: Accumulation) -> str:
                 "(CLI: --target any / --weight-scheme).")
     return ("Likely causes: an op onnxruntime computes differently from its ONNX definition, or quantizers on "
             "tensors onnxruntime fuses differently; keep the ops named by `layer_report` in float (force_fp32 / "
-            "--fp32-ops) or pass min_cosine=... to accept the difference.")
+            "--fp32-ops), or check agreement alone (max_error_ratio=None, min_cosine=...) or not at all (validate=False).")
 
 
 def check_target_arithmetic(qgraph: QuantizedGraph, where: str) -> None:

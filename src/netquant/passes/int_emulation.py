@@ -23,7 +23,6 @@ from netquant.core.int_kernels import (
     pairwise_correction,
     quantize_limited,
 )
-from netquant.core.ops import quantize
 from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph import Node
 from netquant.graph.op_config import TensorRole
@@ -49,10 +48,7 @@ class KernelSite:
 def _codes(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
     params = cfg.effective_params
     assert params is not None
-    limit = cfg.pair_limit or cfg.root.pair_limit
-    if limit is not None:
-        return quantize_limited(x, params.scale, params.zero_point, cfg.root.spec, limit)
-    return quantize(x, params.scale, params.zero_point, cfg.root.spec)
+    return quantize_limited(x, params.scale, params.zero_point, cfg.root.spec, cfg.effective_pair_limit)
 
 
 def kernel_sites(qgraph: Any) -> list[KernelSite]:

@@ -43,7 +43,7 @@ def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
     params = cfg.effective_params
     assert params is not None
     scale, zp = params.scale.to(x.device), params.zero_point.to(x.device)
-    limit = cfg.pair_limit or cfg.root.pair_limit
+    limit = cfg.effective_pair_limit
     if limit is not None:
         codes = quantize_limited(x.detach(), scale, zp, cfg.root.spec, limit)
         return dequantize(codes, scale, zp, cfg.root.spec).to(x.dtype)
