@@ -8,14 +8,13 @@ from netquant.nn import ModelQuantConfig
 from netquant.platforms import get_platform
 
 
-def test_tensorrt_int8_weights_are_one_thing() -> None:
+def test_tensorrt_int8_is_one_thing() -> None:
     trt = get_platform("tensorrt_int8")
     layer = ModelQuantConfig.int8_tensorrt().rules[0].layer
     assert trt.weight == layer.weight.spec == presets.TENSORRT_INT8.weight
     assert trt.weight == QuantSpec.int8_per_channel(axis=0, narrow_range=True)
-    assert trt.activation == presets.TENSORRT_INT8.activation == QuantSpec.int8(narrow_range=True)
-    # still apart (issue 10): the module preset's activations are full range
-    assert layer.input.spec == QuantSpec.int8()
+    assert trt.activation == layer.input.spec == presets.TENSORRT_INT8.activation
+    assert trt.activation == QuantSpec.int8(narrow_range=True)  # s = amax / 127, codes [-127, 127]
 
 
 def test_fp8_is_one_thing() -> None:

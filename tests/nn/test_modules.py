@@ -18,14 +18,22 @@ import netquant.nn as nqnn
 from netquant.core.spec import QuantSpec
 from netquant.nn.rules import LayerQuantConfig, QuantizerConfig
 
-INT8_ACT = (-128, 127)
-INT8_W = (-127, 127)
+INT8_FULL = (-128, 127)
+INT8_NARROW = (-127, 127)
+INT8_W = INT8_NARROW
 
 
 def fq_tensor(x: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Hand reference for int8 symmetric per-tensor min-max: s = amax / 127.5, z = 0."""
+    """Hand reference for the default (TensorRT) int8 activations, symmetric narrow per-tensor min-max:
+    s = amax / 127 (half of qmax - qmin = 254), z = 0, codes in [-127, 127]."""
+    s = float(x.abs().max()) / 127
+    return torch.fake_quantize_per_tensor_affine(x, s, 0, *INT8_NARROW), s
+
+
+def fq_tensor_full(x: torch.Tensor) -> tuple[torch.Tensor, float]:
+    """Hand reference for QuantSpec.int8() (full range [-128, 127]) min-max: s = amax / 127.5, z = 0."""
     s = float(x.abs().max()) / 127.5
-    return torch.fake_quantize_per_tensor_affine(x, s, 0, *INT8_ACT), s
+    return torch.fake_quantize_per_tensor_affine(x, s, 0, *INT8_FULL), s
 
 
 def fq_channel(w: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,8 +170,8 @@ def test_functional_sites_pass_through_and_reference():
     with nqnn.calibrate(model):
         model(a, b)
     y_add, y_mm, y_cat = model(a, b)
-    assert torch.equal(y_add, fq_tensor(a)[0] + fq_tensor(a * 2)[0])
-    torch.testing.assert_close(y_mm, fq_tensor(a)[0] @ fq_tensor(b)[0])
+    assert torch.equal(y_add, fq_tensor_full(a)[0] + fq_tensor_full(a * 2)[0])
+    torch.testing.assert_close(y_mm, fq_tensor_full(a)[0] @ fq_tensor_full(b)[0])
     # cat shares one quantizer over both inputs: the scale comes from the larger one
     s = float((a * 3).abs().max()) / 127.5
     shared = [torch.fake_quantize_per_tensor_affine(t, s, 0, -128, 127) for t in (a, a * 3)]

@@ -203,11 +203,12 @@ def test_quant_conv_bn_eval_is_the_folded_conv():
     nqnn.set_quant_mode(q, "pass_through")
     torch.testing.assert_close(q(x), folded(x), rtol=1e-5, atol=1e-5)
     nqnn.set_quant_mode(q, "quantize")
-    # hand reference: int8 per-channel weights of the folded conv, int8 per-tensor input
+    # hand reference: int8 narrow per-channel weights of the folded conv, int8 narrow per-tensor input
+    # (the TensorRT preset: s = amax / 127, codes in [-127, 127])
     w = folded[0].weight.detach()
     s_w = w.abs().amax(dim=(1, 2, 3)) / 127
     w_fq = torch.fake_quantize_per_channel_affine(w, s_w, torch.zeros(6, dtype=torch.int32), 0, -127, 127)
-    x_fq = torch.fake_quantize_per_tensor_affine(x, float(x.abs().max()) / 127.5, 0, -128, 127)
+    x_fq = torch.fake_quantize_per_tensor_affine(x, float(x.abs().max()) / 127, 0, -127, 127)
     expected = nn.functional.conv2d(x_fq, w_fq, folded[0].bias, padding=1)
     torch.testing.assert_close(q[0](x), expected, rtol=1e-5, atol=1e-5)
 

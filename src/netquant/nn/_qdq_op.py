@@ -1,14 +1,21 @@
 """The ``netquant::qdq`` custom op: what a quantizer looks like while being exported to ONNX.
 
-    y = DequantizeLinear(QuantizeLinear(x, s, z, axis, block_size), s, z, axis, block_size)
+    y = DequantizeLinear(QuantizeLinear(Clip(x, lo, hi), s, z, axis, block_size), s, z, axis, block_size)
 
-Eager semantics (ONNX): y = (clamp(round_half_even(x / s) + z, qmin, qmax) - z) * s for integer
-targets; y = cast_fp8(clamp(x / s, -fmax, fmax)) * s for FP8 targets.  The ONNX translation is
-installed by ``netquant.nn.export`` through ``custom_translation_table``.
+Eager semantics (ONNX): y = (clamp(round_half_even(x' / s) + z, qmin, qmax) - z) * s for integer
+targets; y = cast_fp8(clamp(x' / s, -fmax, fmax)) * s for FP8 targets, with x' = clamp(x, lo, hi).
+The Clip is there only when the spec's integer range is narrower than the ONNX type's (int8 narrow
+[-127, 127], reduced-bit specs): lo = (qmin - z) * s, hi = (qmax - z) * s, passed as float
+attributes (+-inf: no Clip) and emitted as Constant nodes inside the translation.  Keeping the clamp
+inside the op, rather than as a torch.clamp on tensor constants before it, matters: torch.onnx names
+lifted clamp bounds after their input and drops one of two identical bounds on the same tensor (an
+Embedding output feeding two quantized layers), leaving a Clip that reads a missing initializer.
+The ONNX translation is installed by ``netquant.nn.export`` through ``custom_translation_table``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -37,8 +44,10 @@ def _broadcast(param: torch.Tensor, x: torch.Tensor, axis: int, block_size: int)
 
 @torch.library.custom_op("netquant::qdq", mutates_args=())
 def qdq(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, block_size: int,
-        onnx_type: int) -> torch.Tensor:
-    """ONNX QuantizeLinear followed by DequantizeLinear (see module docstring)."""
+        onnx_type: int, clip_lo: float, clip_hi: float) -> torch.Tensor:
+    """Clip, then ONNX QuantizeLinear followed by DequantizeLinear (see module docstring)."""
+    if clip_lo > -math.inf or clip_hi < math.inf:
+        x = torch.clamp(x, clip_lo, clip_hi)
     s = _broadcast(scale.float(), x, axis, block_size)
     if onnx_type in _FP8_FORMATS:
         fmt = _FP8_FORMATS[onnx_type]
@@ -50,7 +59,7 @@ def qdq(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: in
 
 @qdq.register_fake
 def _qdq_fake(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, axis: int, block_size: int,
-              onnx_type: int) -> torch.Tensor:
+              onnx_type: int, clip_lo: float, clip_hi: float) -> torch.Tensor:
     return torch.empty_like(x)
 
 
@@ -80,7 +89,7 @@ class ExportPlan:
     axis: int
     block_size: int
     onnx_type: int
-    clamp: tuple[torch.Tensor, torch.Tensor] | None
+    clamp: tuple[float, float] | None  # float bounds (lo, hi) of an activation narrower than its ONNX type
     weight: torch.Tensor | None  # weights: the already fake-quantized tensor, fed to Q/DQ as-is
 
 
@@ -108,7 +117,8 @@ def make_export_plan(quantizer: TensorQuantizer, opset: int, ndim: int | None,
             raise ExportError(f"{where}: a {spec.bits}-bit per-channel/per-group activation range needs an "
                               "exact ONNX Q/DQ type; use opset >= 21 or 8/16/4-bit specs")
         z = params.zero_point.float()
-        clamp = ((spec.qmin - z) * params.scale, (spec.qmax - z) * params.scale)
+        lo, hi = (spec.qmin - z) * params.scale, (spec.qmax - z) * params.scale  # float32, exact as floats
+        clamp = (float(lo), float(hi))
     return ExportPlan(params.scale.clone(), params.zero_point.clone(), axis, block, onnx_type, clamp,
                       None if weight is None else weight.detach().clone())
 
@@ -120,6 +130,6 @@ def export_qdq(quantizer: TensorQuantizer, x: torch.Tensor) -> torch.Tensor:
         raise ExportError(f"quantizer '{quantizer.name}' was reached during export without an export plan")
     if plan.weight is not None:
         x = plan.weight
-    if plan.clamp is not None:
-        x = torch.clamp(x, plan.clamp[0], plan.clamp[1])
-    return torch.ops.netquant.qdq(x, plan.scale, plan.zero_point, plan.axis, plan.block_size, plan.onnx_type)
+    lo, hi = plan.clamp if plan.clamp is not None else (-math.inf, math.inf)
+    return torch.ops.netquant.qdq(x, plan.scale, plan.zero_point, plan.axis, plan.block_size, plan.onnx_type,
+                                  lo, hi)

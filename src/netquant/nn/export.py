@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -35,7 +36,11 @@ def _qdq_translation(opset: int) -> Any:
         raise ExportError("export_onnx needs the onnxscript package (pip install onnxscript)") from exc
     op = onnxscript_values.Opset("", opset)
 
-    def qdq_onnx(x: Any, scale: Any, zero_point: Any, axis: int, block_size: int, onnx_type: int) -> Any:
+    def qdq_onnx(x: Any, scale: Any, zero_point: Any, axis: int, block_size: int, onnx_type: int,
+                 clip_lo: float, clip_hi: float) -> Any:
+        if clip_lo > -math.inf or clip_hi < math.inf:  # bounds as Constant nodes of x's type (see _qdq_op)
+            x = op.Clip(x, op.CastLike(op.Constant(value_float=clip_lo), x),
+                        op.CastLike(op.Constant(value_float=clip_hi), x))
         zp = op.Cast(zero_point, to=onnx_type)
         if block_size > 0:
             q = op.QuantizeLinear(x, scale, zp, axis=axis, block_size=block_size)

@@ -96,15 +96,11 @@ class ModelQuantConfig:
     # ---- presets ---------------------------------------------------------------------------
     @classmethod
     def int8_tensorrt(cls, activation_observer: str = "minmax") -> ModelQuantConfig:
-        """INT8 TensorRT-style: the weights of netquant.core.presets.TENSORRT_INT8 (int8 symmetric narrow
-        range per-channel, axis 0); int8 symmetric full-range per-tensor activations (s = amax / 127.5).
-
-        The activations still differ from the tensorrt_int8 platform's narrow [-127, 127] (s = amax / 127):
-        narrow activations make the module exporter add an exact clamp, which torch.onnx cannot export after
-        an Embedding, and the module tests' hand references are full range.  See issue 10.
-        """
+        """INT8 TensorRT (netquant.core.presets.TENSORRT_INT8, the tensorrt_int8 platform's specs): int8
+        symmetric narrow range [-127, 127] per-channel weights (axis 0) and per-tensor activations,
+        s = amax / 127 for both."""
         weight = QuantizerConfig(presets.TENSORRT_INT8.weight)
-        act = QuantizerConfig(QuantSpec.int8(), observer=activation_observer)
+        act = QuantizerConfig(presets.TENSORRT_INT8.activation, observer=activation_observer)
         return cls((QuantRule(layer=LayerQuantConfig(weight=weight, input=act)),), name="int8_tensorrt")
 
     @classmethod
