@@ -181,3 +181,39 @@ def test_whole_quantized_model_pickles():
     buffer.seek(0)
     loaded = torch.load(buffer, weights_only=False)
     assert torch.equal(loaded(x), q(x))
+
+
+class _SharedInput(nn.Module):
+    """One Embedding output read by two quantized Linears: two identical narrow-range clamps on one tensor."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.a, self.b = nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        e = self.emb(idx)
+        return self.a(e) + self.b(e)
+
+
+def test_narrow_activation_clip_on_a_shared_tensor_exports(tmp_path):
+    """int8_tensorrt activations are [-127, 127]: the file clips at +-127 s before QuantizeLinear (exact vs
+    the eager fake quant), and a tensor feeding two quantizers exports (torch.onnx once lost a clamp bound)."""
+    torch.manual_seed(0)
+    q = nqnn.quantize_model(_SharedInput(), nqnn.ModelQuantConfig.int8_tensorrt())
+    idx = torch.randint(0, 20, (4, 6))
+    with nqnn.calibrate(q):
+        q(idx)
+    s = q.a.input_quantizer.scale.item()
+    assert s == pytest.approx(float(q.emb(idx).detach().abs().max()) / 127)
+    path = nqnn.export_onnx(q, idx, tmp_path / "shared.onnx")
+    proto = onnx.load(path)
+    clips = [n for n in proto.graph.node if n.op_type == "Clip"]
+    assert clips
+    consts = {n.output[0]: onnx.numpy_helper.to_array(n.attribute[0].t) for n in proto.graph.node
+              if n.op_type == "Constant"}
+    consts.update({i.name: onnx.numpy_helper.to_array(i) for i in proto.graph.initializer})
+    bounds = {(float(consts[c.input[1]]), float(consts[c.input[2]])) for c in clips}
+    assert bounds == {(np.float32(-127 * np.float32(s)), np.float32(127 * np.float32(s)))}
+    with torch.no_grad():
+        np.testing.assert_allclose(_run_literal(path, idx), q(idx).numpy(), rtol=1e-6, atol=1e-6)
