@@ -17,6 +17,7 @@ from torch import nn
 import netquant.nn as nqnn
 from netquant.core.spec import QuantSpec
 from netquant.nn.rules import LayerQuantConfig, QuantizerConfig
+from tests.helpers.ranges import amax_out, round_out
 
 INT8_FULL = (-128, 127)
 INT8_NARROW = (-127, 127)
@@ -25,14 +26,15 @@ INT8_W = INT8_NARROW
 
 def fq_tensor(x: torch.Tensor) -> tuple[torch.Tensor, float]:
     """Hand reference for the default (TensorRT) int8 activations, symmetric narrow per-tensor min-max:
-    s = amax / 127 (half of qmax - qmin = 254), z = 0, codes in [-127, 127]."""
-    s = float(x.abs().max()) / 127
+    s = amax' / 127 (half of qmax - qmin = 254), z = 0, codes in [-127, 127]; amax' = max|x| rounded
+    outward to 8 significant bits (the calibration range rule, tests.helpers.ranges)."""
+    s = amax_out(x.abs().max()) / 127
     return torch.fake_quantize_per_tensor_affine(x, s, 0, *INT8_NARROW), s
 
 
 def fq_tensor_full(x: torch.Tensor) -> tuple[torch.Tensor, float]:
-    """Hand reference for QuantSpec.int8() (full range [-128, 127]) min-max: s = amax / 127.5, z = 0."""
-    s = float(x.abs().max()) / 127.5
+    """Hand reference for QuantSpec.int8() (full range [-128, 127]) min-max: s = amax' / 127.5, z = 0."""
+    s = amax_out(x.abs().max()) / 127.5
     return torch.fake_quantize_per_tensor_affine(x, s, 0, *INT8_FULL), s
 
 
@@ -173,7 +175,7 @@ def test_functional_sites_pass_through_and_reference():
     assert torch.equal(y_add, fq_tensor_full(a)[0] + fq_tensor_full(a * 2)[0])
     torch.testing.assert_close(y_mm, fq_tensor_full(a)[0] @ fq_tensor_full(b)[0])
     # cat shares one quantizer over both inputs: the scale comes from the larger one
-    s = float((a * 3).abs().max()) / 127.5
+    s = amax_out((a * 3).abs().max()) / 127.5
     shared = [torch.fake_quantize_per_tensor_affine(t, s, 0, -128, 127) for t in (a, a * 3)]
     assert torch.equal(y_cat, torch.cat(shared, 1))
 
@@ -188,10 +190,10 @@ def test_output_quantizer_and_affine_uint8():
     q = nqnn.quantize_model(ref, cfg)
     with nqnn.calibrate(q):
         q(x)
-    s_in = float(x.max()) / 255
+    s_in = round_out(float(x.max())) / 255  # range ends rounded outward to 8 bits, then [0, max]
     x_fq = torch.fake_quantize_per_tensor_affine(x, s_in, 0, 0, 255)
     y_float = ref(x).detach()  # calibration runs the model in float: the output range is the float one
-    lo, hi = min(float(y_float.min()), 0.0), max(float(y_float.max()), 0.0)
+    lo, hi = min(round_out(float(y_float.min())), 0.0), max(round_out(float(y_float.max())), 0.0)
     y = ref(x_fq)
     s_out = (hi - lo) / 255
     z_out = int(round(-lo / s_out))
@@ -223,7 +225,7 @@ def test_fp8_conv_matches_hand_reference():
     def fp8(t: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         return (t / s).clamp(-448, 448).to(torch.float8_e4m3fn).float() * s
 
-    s_x = x.abs().max() / 448
+    s_x = amax_out(x.abs().max()) / 448
     s_w = ref.weight.detach().abs().amax(dim=(1, 2, 3)) / 448
     expected = nn.functional.conv2d(fp8(x, s_x), fp8(ref.weight.detach(), s_w.reshape(4, 1, 1, 1)), ref.bias)
     torch.testing.assert_close(q(x), expected, rtol=1e-5, atol=1e-6)

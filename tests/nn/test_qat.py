@@ -13,6 +13,7 @@ from netquant.core.ops import GradMode
 from netquant.core.spec import QuantSpec
 from netquant.errors import CalibrationError, ConfigError
 from netquant.nn.quantizer import TensorQuantizer
+from tests.helpers.ranges import amax_out
 
 
 def test_lsq_gradients_match_torch_learnable_fake_quant():
@@ -164,7 +165,7 @@ def test_learnable_from_config():
     x = torch.randn(16, 4)
     with nqnn.calibrate(q):
         q(x)
-    assert q.input_quantizer.scale.item() == pytest.approx(float(x.abs().max()) / 127.5)
+    assert q.input_quantizer.scale.item() == pytest.approx(amax_out(x.abs().max()) / 127.5)
     q.train()
     q(x).sum().backward()
     assert q.input_quantizer.scale.grad is not None
@@ -204,11 +205,11 @@ def test_quant_conv_bn_eval_is_the_folded_conv():
     torch.testing.assert_close(q(x), folded(x), rtol=1e-5, atol=1e-5)
     nqnn.set_quant_mode(q, "quantize")
     # hand reference: int8 narrow per-channel weights of the folded conv, int8 narrow per-tensor input
-    # (the TensorRT preset: s = amax / 127, codes in [-127, 127])
+    # (the TensorRT preset: s = amax / 127, codes in [-127, 127]; the input's amax rounded outward to 8 bits)
     w = folded[0].weight.detach()
     s_w = w.abs().amax(dim=(1, 2, 3)) / 127
     w_fq = torch.fake_quantize_per_channel_affine(w, s_w, torch.zeros(6, dtype=torch.int32), 0, -127, 127)
-    x_fq = torch.fake_quantize_per_tensor_affine(x, float(x.abs().max()) / 127, 0, -127, 127)
+    x_fq = torch.fake_quantize_per_tensor_affine(x, amax_out(x.abs().max()) / 127, 0, -127, 127)
     expected = nn.functional.conv2d(x_fq, w_fq, folded[0].bias, padding=1)
     torch.testing.assert_close(q[0](x), expected, rtol=1e-5, atol=1e-5)
 

@@ -7,28 +7,11 @@ import pytest
 import torch
 
 import netquant
+from netquant.calib.ranges import round_range_outward
 from netquant.errors import ConfigError
-from netquant.passes.calibration import round_range_outward
 from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
 
 ORT = "onnxruntime_int8"
-
-
-def test_round_range_outward_hand_checked():
-    # 3.14159 = 0.785 * 2^2 -> ceil(0.785 * 256) / 256 * 4 = 202 / 64 = 3.15625; -0.2785 = -0.557 * 2^-1 ->
-    # -ceil(0.557 * 256) / 512 = -143 / 512; exact powers of two, zeros and 8-bit mantissas stay put
-    lo, hi = round_range_outward(torch.tensor([-0.2785, 0.0, -1.0, -0.75]), torch.tensor([3.14159, 0.0, 1.0, 6.0]))
-    assert lo.tolist() == [-143 / 512, 0.0, -1.0, -0.75]
-    assert hi.tolist() == [202 / 64, 0.0, 1.0, 6.0]
-    lo4, hi4 = round_range_outward(torch.tensor([-0.3]), torch.tensor([0.3]), bits=4)
-    assert lo4.tolist() == [-10 / 32] and hi4.tolist() == [10 / 32]  # 0.3 = 0.6 * 2^-1 -> ceil(9.6) / 16 / 2
-
-
-def test_rounded_range_never_shrinks_and_stays_within_one_part_in_2_to_the_bits():
-    v = torch.from_numpy(np.random.default_rng(0).standard_normal(10_000).astype(np.float32)) * 100
-    lo, hi = round_range_outward(-v.abs(), v.abs())
-    assert bool((hi >= v.abs()).all()) and bool((lo <= -v.abs()).all())
-    assert float(((hi - v.abs()) / v.abs()).max()) <= 2.0 ** -7
 
 
 def _activation_scales(qm) -> list[float]:

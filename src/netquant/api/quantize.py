@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 import time
 import warnings
 from collections.abc import Sequence
@@ -14,8 +13,9 @@ import onnx
 import torch
 
 from netquant.api.model import QuantizedModel
-from netquant.errors import ModelError, UnsupportedOpError
+from netquant.errors import ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx
+from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
 from netquant.passes.ptq import quantize_graph
 from netquant.passes.settings import QuantSettings
@@ -106,22 +106,19 @@ def _is_iterator(x: Any) -> bool:
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
-                   platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = 17,
+                   platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = EXPORT_OPSET,
                    input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
                    dynamic_axes: dict[str, dict[int, str]] | None = None, **settings: Any) -> QuantizedModel:
-    """Export `module` with torch.onnx.export (to a temporary file), then quantize_onnx it."""
+    """Export `module` (in eval mode) to ONNX with netquant's one torch -> ONNX path
+    (netquant.nn.export.torch_to_onnx: torch.onnx's torch.export-based exporter, opset EXPORT_OPSET = 21,
+    at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...);
+    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names."""
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
-    with tempfile.TemporaryDirectory(prefix="netquant_torch_") as tmp:
-        path = Path(tmp) / "model.onnx"
-        try:
-            with warnings.catch_warnings():  # the TorchScript exporter is deliberate: plain, stable ONNX
-                warnings.simplefilter("ignore", DeprecationWarning)
-                torch.onnx.export(module, args, str(path), opset_version=opset, input_names=names,
-                                  output_names=list(output_names) if output_names else None,
-                                  dynamic_axes=dynamic_axes, dynamo=False)
-        except Exception as err:  # noqa: BLE001 - any exporter failure is reported the same way
-            raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
-        proto = onnx.load(str(path))
+    try:
+        proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
+                              dynamic_axes=dynamic_axes, what="quantize_torch")
+    except ExportError as err:
+        raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
     return quantize_onnx(proto, calib_data, platform, **settings)

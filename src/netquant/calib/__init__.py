@@ -2,7 +2,8 @@
 
     obs = make_observer("kl", QuantSpec.int8(), tensor_name="conv1.out")
     for batch in data: obs.observe(batch)
-    params = obs.compute_params()          # QParams(scale, zero_point)
+    params = obs.compute_params()          # QParams(scale, zero_point), the exact range
+    params = activation_params(obs)        # activations: range rounded outward (calib.ranges)
 """
 
 from netquant.calib.base import Batch, Observer
@@ -16,10 +17,17 @@ from netquant.calib.hist_observers import (
 )
 from netquant.calib.histogram import GridMode, Histogram
 from netquant.calib.minmax import EmaMinMaxObserver, MinMaxObserver
+from netquant.calib.ranges import (
+    RANGE_MANTISSA_BITS,
+    activation_params,
+    clamp_for_observation,
+    round_range_outward,
+)
 from netquant.calib.registry import ALIASES, OBSERVERS, make_observer, observer_class, register_observer
 
 __all__ = [
     "ALIASES", "OBSERVERS", "Batch", "EmaMinMaxObserver", "FixedRangeObserver", "GridMode", "HistL2Observer",
     "Histogram", "HistogramObserverBase", "KLObserver", "MSEObserver", "MinMaxObserver", "NoObserver",
-    "Observer", "PercentileObserver", "make_observer", "observer_class", "register_observer",
+    "Observer", "PercentileObserver", "RANGE_MANTISSA_BITS", "activation_params", "clamp_for_observation",
+    "make_observer", "observer_class", "register_observer", "round_range_outward",
 ]

@@ -8,6 +8,12 @@ Inside, every enabled activation quantizer observes what flows through it and re
 unchanged (the model computes in FP32, in eval mode; its training flag is restored on exit).  On exit, weight quantizers take params from the weights
 themselves (per channel / group) and activation quantizers from their observers; quantizers that
 saw no data raise a CalibrationError naming them.  On an exception the previous state is restored.
+
+This is the flow of graph PTQ (netquant.passes.calibration) on modules: the same observers
+(netquant.calib registry, same names and options) and the same range rules (netquant.calib.ranges:
+activation ranges rounded outward to each quantizer's ``range_bits``, default 8 as
+QuantSettings.range_bits; weights exact; zero ranges s = eps; NaN/Inf a DataError naming the
+quantizer), so a module and its ONNX export calibrated on the same data get the same scales.
 """
 
 from __future__ import annotations

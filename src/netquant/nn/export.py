@@ -3,8 +3,9 @@
 Each enabled quantizer becomes QuantizeLinear -> DequantizeLinear (per-channel weights carry their
 ``axis``, per-group weights a ``block_size`` at opset 21).  Weights enter already fake-quantized,
 so the exported integers equal ours whatever the rounding policy; activations use ONNX's
-round-half-even.  Export goes through torch.onnx's torch.export-based exporter with a custom
-translation of the ``netquant::qdq`` op; the file is written whole or not at all.
+round-half-even.  Export goes through ``torch_to_onnx``, netquant's one torch -> ONNX path (torch.onnx's
+torch.export-based exporter at opset EXPORT_OPSET = 21, also used by ``netquant.api.quantize_torch``),
+with a custom translation of the ``netquant::qdq`` op; the file is written whole or not at all.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import math
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,16 @@ from netquant.nn import _qdq_op  # noqa: F401  (registers netquant::qdq)
 from netquant.nn.convert import name_quantizers, quant_modules, quantizers
 from netquant.nn.quantizer import EXPORTING, QuantMode
 
-MIN_OPSET = 18  # torch.onnx's torch.export-based exporter emits opset 18 or later
+EXPORT_OPSET = 21
+"""netquant's one torch -> ONNX path (`torch_to_onnx`, used by export_onnx and api.quantize_torch) is torch.onnx's
+torch.export-based ("dynamo") exporter at ai.onnx opset 21.  Dynamo, because it is the exporter that takes a
+translation of the netquant::qdq custom op (custom_translation_table) and the one torch keeps developing (the
+TorchScript exporter is deprecated); opset 21, because it is the first with int4/uint4 and blocked (per-group)
+QuantizeLinear, which the module presets need, and onnxruntime, OpenVINO and netquant's graph IR load it.
+An opset from MIN_OPSET up can be asked for (older ones: the exporter cannot emit them)."""
+MIN_OPSET = 18
+
+
 def _qdq_translation(opset: int) -> Any:
     try:
         from onnxscript import values as onnxscript_values  # needed by torch.onnx's dynamo exporter
@@ -95,16 +105,59 @@ def _quiet_exporter_logs() -> Iterator[None]:
         logger.setLevel(level)
 
 
+def _check_opset(opset: int, what: str) -> None:
+    if not isinstance(opset, int) or opset < MIN_OPSET:
+        raise ExportError(f"{what}: opset {opset} is too old; torch.onnx's torch.export-based exporter (the one "
+                          f"netquant uses) needs opset >= {MIN_OPSET}; the default is {EXPORT_OPSET}")
+
+
+def torch_to_onnx(model: nn.Module, args: tuple[Any, ...], *, opset: int = EXPORT_OPSET,
+                  input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
+                  dynamic_batch: bool = False, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+                  custom_translation_table: Mapping[Any, Any] | None = None,
+                  what: str = "torch_to_onnx") -> onnx.ModelProto:
+    """``model`` traced on ``args`` as a checked ONNX model at ai.onnx opset ``opset``: netquant's one
+    torch -> ONNX path (float models for graph PTQ, quantized ones for export_onnx), see EXPORT_OPSET.
+
+    Dynamic dims: ``dynamic_axes`` ({input name: {dim: name}}, names kept in the file) or
+    ``dynamic_batch`` (dim 0 of every tensor input).  ExportError (prefixed ``what``) when torch.onnx
+    fails, the model fails onnx.checker or the opset is not the one asked for.
+    """
+    _check_opset(opset, what)
+    dynamic_shapes = None
+    if dynamic_batch and dynamic_axes is None:
+        dynamic_shapes = tuple({0: torch.export.Dim.DYNAMIC} if isinstance(a, torch.Tensor) else None for a in args)
+    try:
+        with warnings.catch_warnings(), _quiet_exporter_logs():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                model, args, dynamo=True, opset_version=opset, verbose=False,
+                input_names=list(input_names) if input_names else None,
+                output_names=list(output_names) if output_names else None,
+                dynamic_shapes=dynamic_shapes,
+                dynamic_axes={k: dict(v) for k, v in dynamic_axes.items()} if dynamic_axes else None,
+                custom_translation_table=dict(custom_translation_table) if custom_translation_table else None,
+            )
+        proto = program.model_proto
+        onnx.checker.check_model(proto)
+    except Exception as exc:  # torch.onnx raises many kinds; report them as one
+        raise ExportError(f"{what}: torch.onnx could not export {type(model).__name__}: "
+                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+    produced = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
+    if produced != opset:
+        raise ExportError(f"{what}: asked for opset {opset} but torch.onnx produced opset {produced}")
+    return proto
+
+
 def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], path: str | os.PathLike[str], *,
-                opset: int = 21, input_names: Sequence[str] | None = None,
+                opset: int = EXPORT_OPSET, input_names: Sequence[str] | None = None,
                 output_names: Sequence[str] | None = None, dynamic_batch: bool = True) -> Path:
     """Export ``model`` (quantized, calibrated) to a QDQ ONNX file at ``path``; returns the path.
 
     ``dynamic_batch`` makes dim 0 of every tensor input symbolic (give an example batch >= 2).
     Raises ExportError naming uncalibrated quantizers, or when torch.onnx cannot export the model.
     """
-    if opset < MIN_OPSET:
-        raise ExportError(f"export_onnx: opset {opset} is too old; Q/DQ export needs opset >= {MIN_OPSET}")
+    _check_opset(opset, "export_onnx")
     path = Path(path)
     if not path.parent.exists():
         raise ExportError(f"export_onnx: directory {path.parent} does not exist")
@@ -120,29 +173,9 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
         raise
     export_token = EXPORTING.set(True)
     try:
-        dynamic_shapes = None
-        if dynamic_batch:
-            dynamic_shapes = tuple({0: torch.export.Dim.DYNAMIC} if isinstance(a, torch.Tensor) else None
-                                   for a in args)
-        with warnings.catch_warnings(), _quiet_exporter_logs():
-            warnings.simplefilter("ignore")
-            program = torch.onnx.export(
-                model, args, dynamo=True, opset_version=opset, verbose=False,
-                input_names=list(input_names) if input_names else None,
-                output_names=list(output_names) if output_names else None,
-                dynamic_shapes=dynamic_shapes,
-                custom_translation_table={torch.ops.netquant.qdq.default: _qdq_translation(opset)},
-            )
-        proto = program.model_proto
-        onnx.checker.check_model(proto)
-        produced = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
-        if produced != opset:
-            raise ExportError(f"export_onnx: asked for opset {opset} but torch.onnx produced opset {produced}")
-    except ExportError:
-        raise
-    except Exception as exc:  # torch.onnx raises many kinds; report them as one
-        raise ExportError(f"export_onnx: torch.onnx could not export {type(model).__name__}: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        proto = torch_to_onnx(model, args, opset=opset, input_names=input_names, output_names=output_names,
+                              dynamic_batch=dynamic_batch, what="export_onnx",
+                              custom_translation_table={torch.ops.netquant.qdq.default: _qdq_translation(opset)})
     finally:
         EXPORTING.reset(export_token)
         for quantizer in stashed:
@@ -169,4 +202,4 @@ def _write_atomically(proto: onnx.ModelProto, path: Path) -> None:
         onnx.save_model(proto, str(tmp))
 
 
-__all__ = ["export_onnx"]
+__all__ = ["EXPORT_OPSET", "MIN_OPSET", "export_onnx", "torch_to_onnx"]

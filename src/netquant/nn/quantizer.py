@@ -5,6 +5,11 @@ Modes:
   CALIBRATE     y = x, and the observer sees x
   QUANTIZE      y = fake_quantize(x, s, z) = (clamp(round(x / s) + z, qmin, qmax) - z) * s
 
+Params come from the observers and range rules of ``netquant.calib`` (``calib.ranges``), the same as
+graph PTQ's: static activation ranges are rounded outward to ``range_bits`` significant bits (default
+8, as ``QuantSettings.range_bits``; None: the exact range); weights and dynamic activations use the
+exact range.
+
 Params live in buffers ``scale`` / ``zero_point`` (parameters when learnable, for LSQ) and a
 ``calibrated`` flag, so ``state_dict`` round-trips them.  Shapes follow ``QParams``: () per tensor,
 (C,) per channel, x.shape with dim ``axis`` -> n_groups per group.
@@ -20,6 +25,7 @@ import torch
 from torch import nn
 
 from netquant.calib import make_observer
+from netquant.calib.ranges import RANGE_MANTISSA_BITS, activation_params, check_range_bits
 from netquant.core.ops import GradMode, fake_quantize
 from netquant.core.qparams import QParams
 from netquant.core.spec import QuantSpec
@@ -70,6 +76,7 @@ class TensorQuantizer(nn.Module):
         learnable: bool = False,
         learn_zero_point: bool = False,
         dynamic: bool = False,
+        range_bits: int | None = RANGE_MANTISSA_BITS,
         name: str = "",
     ) -> None:
         super().__init__()
@@ -82,6 +89,7 @@ class TensorQuantizer(nn.Module):
         self.grad_mode = grad_mode
         self.dynamic = dynamic
         self.name = name
+        self.range_bits = check_range_bits(range_bits, f"TensorQuantizer '{name}'")
         self.mode = QuantMode.QUANTIZE if spec is not None else QuantMode.PASS_THROUGH
         # QAT observer tracking (torch.ao style): in training mode, update params from every batch
         # until `freeze_after` tracked steps have run.
@@ -197,7 +205,10 @@ class TensorQuantizer(nn.Module):
         if not self.has_observations:
             raise CalibrationError(f"quantizer '{self.name}' saw no data during calibration; "
                                    "run at least one batch through the model inside calibrate()")
-        params = self._observer.compute_params()
+        if self.role is QuantizerRole.ACTIVATION:  # calib.ranges: the rule graph PTQ applies as well
+            params = activation_params(self._observer, self.range_bits)
+        else:
+            params = self._observer.compute_params()
         self.set_params(params)
         return params
 

@@ -16,6 +16,7 @@ from typing import Any
 
 from torch import nn
 
+from netquant.calib.ranges import RANGE_MANTISSA_BITS, check_range_bits
 from netquant.core import presets
 from netquant.core.ops import GradMode
 from netquant.core.spec import Granularity, QuantSpec
@@ -27,7 +28,9 @@ class QuantizerConfig:
     """How one quantization site is quantized.
 
     ``learnable``: LSQ scale from the start (build the optimizer after calibration);
-    ``dynamic``: params from every batch at run time (dynamic quantization).
+    ``dynamic``: params from every batch at run time (dynamic quantization);
+    ``range_bits``: significant bits kept of a calibrated activation range, rounded outward
+    (netquant.calib.ranges, as graph PTQ's QuantSettings.range_bits); None keeps the exact range.
     """
 
     spec: QuantSpec
@@ -36,10 +39,12 @@ class QuantizerConfig:
     learnable: bool = False
     grad_mode: GradMode = GradMode.STE_CLIP
     dynamic: bool = False
+    range_bits: int | None = RANGE_MANTISSA_BITS
 
     def __post_init__(self) -> None:
         if not isinstance(self.spec, QuantSpec):
             raise ConfigError(f"QuantizerConfig.spec must be a QuantSpec, got {type(self.spec).__name__}")
+        check_range_bits(self.range_bits, "QuantizerConfig")
 
 
 @dataclass(frozen=True)

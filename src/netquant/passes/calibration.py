@@ -1,10 +1,10 @@
 """Calibration: observe every INITIAL config's tensor through the executor, then set its params.
 
 Weights and other constants are observed directly from their values.  Activations are observed
-in FP32 (no fake quantization upstream) with the observer each config names; their chosen range
-is then rounded outward to settings.range_bits (default 8) significant bits (`round_range_outward`), so
-float summation-order noise (e.g. torch's thread count changing a conv's reduction order, ~1e-6
-relative) almost never reaches the scales: same inputs -> same quantized model.
+in FP32 (no fake quantization upstream) with the observer each config names (netquant.calib registry),
+clamped at their flat lower bound (`passes.flat_ranges`); params follow the range rules of
+`netquant.calib.ranges`, shared with the module API's `netquant.nn.calibrate`: activation ranges rounded
+outward to settings.range_bits (default 8) significant bits, constants exact.
 """
 
 from __future__ import annotations
@@ -15,44 +15,17 @@ from typing import Any, ClassVar
 
 import torch
 
+from netquant.calib.ranges import activation_params, clamp_for_observation
 from netquant.core.int_kernels import pair_limited_scale
-from netquant.core.qparams import QParams, choose_qparams
+from netquant.core.qparams import QParams
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Node
 from netquant.passes.base import Condition, PassBase, PassContext
-from netquant.passes.flat_ranges import FlatRanges, clamp_for_observation
+from netquant.passes.flat_ranges import FlatRanges
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
-
-RANGE_MANTISSA_BITS = 8
-"""Significant bits kept of an activation's calibrated range ends: the range widens by less than
-2^-8 of itself (under one 8-bit step), and a 1e-6-relative perturbation moves it with probability
-~1e-6 / 2^-9, i.e. rarely."""
-
-
-def round_range_outward(lo: torch.Tensor, hi: torch.Tensor,
-                        bits: int = RANGE_MANTISSA_BITS) -> tuple[torch.Tensor, torch.Tensor]:
-    """(lo, hi) rounded away from zero to `bits` significant bits: v = m * 2^e, m in [0.5, 1) ->
-    sign(v) * ceil(|m| * 2^bits) * 2^(e - bits).  Zeros stay zero; the range only grows."""
-
-    def away(v: torch.Tensor) -> torch.Tensor:
-        v64 = v.double()
-        mant, expo = torch.frexp(v64.abs())
-        up = torch.ldexp(torch.ceil(torch.ldexp(mant, torch.full_like(expo, bits))), expo - bits)
-        return (torch.sign(v64) * up).to(v.dtype)
-
-    return away(lo), away(hi)
-
-
-def activation_params(obs: Any, bits: int | None = RANGE_MANTISSA_BITS) -> QParams:
-    """Params of an activation observer from its range rounded outward to `bits` (None: as observed)."""
-    if bits is None:
-        return obs.compute_params()
-    lo, hi = obs.range()
-    lo, hi = round_range_outward(lo, hi, bits)
-    return choose_qparams(lo, hi, obs.spec, name=obs.tensor_name)
 
 
 def _needs_params(cfg: TensorQuantConfig | None) -> bool:

@@ -2,9 +2,9 @@
 
 If every consumer of tensor t is flat for t <= L (Relu, Clip(min), HardSigmoid, hard-swish
 x * clip(x + 3, 0, 6) / 6, possibly behind affine ops with constant operands), then clamping t at
-L changes no output of the graph.  Calibration then observes max(t, L) instead of t, so the
-quantization grid is spent on values that matter (a Conv output feeding hard-swish needs no
-precision below -3).
+L changes no output of the graph.  Calibration then observes max(t, L) instead of t
+(netquant.calib.ranges.clamp_for_observation), so the quantization grid is spent on values that
+matter (a Conv output feeding hard-swish needs no precision below -3).
 
     lower_flat(t)      = min over consumers c of flat_below(c, t)      (-inf if any is not flat)
     zero_below(v, t)   = L such that v == 0 whenever t <= L (v computed element-wise from t)
@@ -13,8 +13,6 @@ precision below -3).
 from __future__ import annotations
 
 import math
-
-import torch
 
 from netquant.graph import Graph, Node
 from netquant.passes.quantizer import GraphIndex
@@ -165,9 +163,3 @@ def _invert_affine(op: str, k: float, *, t_first: bool, bound: float) -> float:
     if op == "Div":
         return bound * k if (t_first and k > 0) else NEG_INF
     return NEG_INF
-
-
-def clamp_for_observation(x: torch.Tensor, lower: float) -> torch.Tensor:
-    """max(x, lower') with lower' a little below `lower`, so the grid's lowest point stays <= lower."""
-    margin = max(0.02 * abs(lower), 1e-3)
-    return x.clamp(min=lower - margin)

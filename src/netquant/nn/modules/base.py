@@ -18,7 +18,7 @@ def make_quantizer(cfg: QuantizerConfig | None, role: QuantizerRole, name: str =
         return TensorQuantizer(None, role=role, name=name)
     return TensorQuantizer(spec_override or cfg.spec, observer=cfg.observer, observer_opts=cfg.observer_opts,
                            role=role, grad_mode=cfg.grad_mode, learnable=cfg.learnable, dynamic=cfg.dynamic,
-                           name=name)
+                           range_bits=cfg.range_bits, name=name)
 
 
 def retarget_weight_spec(spec: QuantSpec, out_axis: int, in_axis: int, shape: tuple[int, ...]) -> QuantSpec:
