@@ -1,7 +1,9 @@
 """Which modules get quantized, and how: ordered wildcard rules and presets.
 
-A rule matches a module when its qualified name matches ``pattern`` (fnmatch; ``"head.*"`` also
-matches ``"head"`` itself) and, if ``types`` is given, the module is an instance of one of them.
+A rule matches a module when its qualified name matches ``pattern`` and, if ``types`` is given, the
+module is an instance of one of them.  Patterns are netquant's one name-pattern language
+(netquant.core.selectors, shared with graph PTQ's OpSelector): a bare glob (fnmatch; ``"head.*"`` also
+matches ``"head"`` itself), ``"re:<regex>"`` (re.search), ``"name:<exact>"`` or ``"glob:<glob>"``.
 The first matching rule wins; a rule with ``layer=None`` keeps the module in FP32.
 
 Weight specs are re-targeted per layer type: PER_CHANNEL uses the layer's output-channel axis
@@ -10,7 +12,6 @@ Weight specs are re-targeted per layer type: PER_CHANNEL uses the layer's output
 
 from __future__ import annotations
 
-import fnmatch
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import nn
 from netquant.calib.ranges import RANGE_MANTISSA_BITS, check_range_bits
 from netquant.core import presets
 from netquant.core.ops import GradMode
+from netquant.core.selectors import NamePattern
 from netquant.core.spec import Granularity, QuantSpec
 from netquant.errors import ConfigError
 
@@ -58,18 +60,20 @@ class LayerQuantConfig:
 
 @dataclass(frozen=True)
 class QuantRule:
-    """``pattern`` (fnmatch on the qualified module name) and optional ``types`` -> ``layer``."""
+    """``pattern`` (a netquant.core.selectors name pattern over the qualified module name) and optional
+    ``types`` (module classes, isinstance) -> ``layer``."""
 
     pattern: str = "*"
     layer: LayerQuantConfig | None = None
     types: tuple[type[nn.Module], ...] = ()
 
+    def __post_init__(self) -> None:
+        NamePattern.parse(self.pattern)  # ConfigError for a non-string pattern or a bad regex
+
     def matches(self, name: str, module: nn.Module) -> bool:
         if self.types and not isinstance(module, self.types):
             return False
-        if fnmatch.fnmatchcase(name, self.pattern):
-            return True
-        return self.pattern.endswith(".*") and name == self.pattern[:-2]
+        return NamePattern.parse(self.pattern).matches(name)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import fnmatch
-import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from netquant.core.selectors import NamePattern, PatternKind, has_glob_chars
 from netquant.core.spec import QuantSpec
 from netquant.errors import ConfigError
 from netquant.graph import Graph, Node
@@ -14,11 +13,13 @@ from netquant.graph import Graph, Node
 
 @dataclass(frozen=True)
 class OpSelector:
-    """Selects ops by exact node name, op type, or a pattern over node names.
+    """Selects ops by exact node name, op type, or a name pattern.
 
-    pattern: a glob (`*`, `?`, `[..]`) matched with fnmatch, or a regex when written `re:<regex>`
-    (re.search).  Strings parse as: 'name:<n>', 'type:<T>', 're:<regex>', 'glob:<g>'; a bare
-    string is an op type if one exists in the graph, else a node name, else a glob.
+    Names use netquant's one pattern language (netquant.core.selectors, shared with the module API's
+    QuantRule): `pattern` is a glob (`*`, `?`, `[..]`, fnmatch; 'a.*' also matches 'a') or a regex
+    written `re:<regex>` (re.search).  Strings parse as: 'name:<n>', 'type:<T>', 're:<regex>',
+    'glob:<g>'; a bare string is an op type if one exists in the graph, else a node name, else a glob
+    if it has wildcards, else an op type if it looks like one (`Conv`), else a node name.
     """
 
     name: str | None = None
@@ -28,11 +29,15 @@ class OpSelector:
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.name, self.op_type, self.pattern)) != 1:
             raise ConfigError("an OpSelector takes exactly one of name=, op_type=, pattern=")
-        if self.pattern is not None and self.pattern.startswith("re:"):
-            try:
-                re.compile(self.pattern[3:])
-            except re.error as err:
-                raise ConfigError(f"invalid regex in selector '{self.pattern}': {err}") from None
+        self.name_pattern()  # ConfigError for a bad regex, at construction
+
+    def name_pattern(self) -> NamePattern | None:
+        """The NamePattern this selector matches node names with (None for an op-type selector)."""
+        if self.name is not None:
+            return NamePattern(PatternKind.EXACT, self.name)
+        if self.pattern is not None:
+            return NamePattern.parse(self.pattern)
+        return None
 
     @classmethod
     def parse(cls, text: str | OpSelector, graph: Graph | None = None) -> OpSelector:
@@ -40,9 +45,12 @@ class OpSelector:
             return text
         if not isinstance(text, str) or not text:
             raise ConfigError(f"op selector must be a non-empty string or an OpSelector, got {text!r}")
-        for prefix, key in (("name:", "name"), ("type:", "op_type"), ("glob:", "pattern")):
-            if text.startswith(prefix):
-                return cls(**{key: text[len(prefix):]})
+        if text.startswith("type:"):
+            return cls(op_type=text[len("type:"):])
+        if text.startswith("name:"):
+            return cls(name=text[len("name:"):])
+        if text.startswith("glob:"):
+            return cls(pattern=text[len("glob:"):])
         if text.startswith("re:"):
             return cls(pattern=text)
         if graph is not None:
@@ -50,21 +58,18 @@ class OpSelector:
                 return cls(op_type=text)
             if any(n.name == text for n in graph.nodes):
                 return cls(name=text)
-        if any(ch in text for ch in "*?["):
+        if has_glob_chars(text):
             return cls(pattern=text)
         if text[:1].isupper() and text.isalnum():
             return cls(op_type=text)
         return cls(name=text)
 
     def matches(self, node: Node) -> bool:
-        if self.name is not None:
-            return node.name == self.name
         if self.op_type is not None:
             return node.op_type == self.op_type
-        assert self.pattern is not None
-        if self.pattern.startswith("re:"):
-            return re.search(self.pattern[3:], node.name) is not None
-        return fnmatch.fnmatchcase(node.name, self.pattern)
+        pattern = self.name_pattern()
+        assert pattern is not None
+        return pattern.matches(node.name)
 
     def describe(self) -> str:
         if self.name is not None:
