@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 
 import netquant
@@ -44,3 +45,18 @@ def test_quantize_torch_exports_a_qdq_model_close_to_the_module(tmp_path: Path) 
     with torch.no_grad():
         ref = net(x).numpy()
     assert got.shape == ref.shape and cosine(ref, got) > 0.99
+
+
+def test_quantize_torch_uses_the_one_torch_to_onnx_path() -> None:
+    """quantize_torch exports through netquant.nn.export.torch_to_onnx: opset EXPORT_OPSET by default, named
+    dynamic dims kept, and an opset the torch.export-based exporter cannot emit is a ModelError saying so."""
+    from netquant.errors import ModelError
+    from netquant.nn.export import EXPORT_OPSET, MIN_OPSET, torch_to_onnx
+
+    net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.ReLU()).eval()
+    x = torch.randn(3, 6)
+    proto = torch_to_onnx(net, (x,), input_names=["x"], dynamic_axes={"x": {0: "batch"}})
+    assert [o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")] == [EXPORT_OPSET]
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    with pytest.raises(ModelError, match=f"opset 17 is too old.*>= {MIN_OPSET}"):
+        netquant.quantize_torch(net, x, x, opset=17, quiet=True)

@@ -17,7 +17,7 @@ from netquant.errors import ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
-from netquant.passes.ptq import quantize_graph
+from netquant.passes.ptq import run_ptq
 from netquant.passes.settings import QuantSettings
 from netquant.platforms import Platform
 
@@ -93,16 +93,11 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
-    qgraph, timings = quantize_graph(graph, calib_data, s, extra_passes=passes)
-    timings = {**timings, "total": time.perf_counter() - t0}
-    from netquant.passes.calib_data import CalibrationData
-
-    data = CalibrationData(qgraph.graph, calib_data, s.batch_size, 1) if not _is_iterator(calib_data) else None
-    return QuantizedModel(qgraph, source, timings, data)
-
-
-def _is_iterator(x: Any) -> bool:
-    return iter(x) is x if hasattr(x, "__iter__") and not isinstance(x, (torch.Tensor, dict)) else False
+    run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
+    timings = {**run.timings, "total": time.perf_counter() - t0}
+    # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
+    kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
+    return QuantizedModel(run.qgraph, source, timings, kept)
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,

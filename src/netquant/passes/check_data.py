@@ -1,4 +1,7 @@
-"""Validate the calibration data against the model inputs (before any heavy work)."""
+"""Validate the calibration data against the model inputs (before any heavy work).
+
+This is netquant's one validation of PTQ calibration data: quantize_onnx / quantize_torch / the CLI do
+not check it themselves, they keep what this pass validated (passes.ptq.PTQRun.calib_data)."""
 
 from __future__ import annotations
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from netquant.graph import Graph
@@ -10,6 +11,7 @@ from netquant.passes.alignment import AlignmentPass
 from netquant.passes.base import PassBase, PassContext
 from netquant.passes.bias import BiasPass
 from netquant.passes.build_configs import BuildConfigsPass
+from netquant.passes.calib_data import CalibrationData
 from netquant.passes.calibration import CalibrationPass
 from netquant.passes.check import DeployabilityCheck
 from netquant.passes.check_data import CheckDataPass
@@ -34,13 +36,31 @@ def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[Pas
     ]
 
 
-def quantize_graph(graph: Graph, calib_data: Any, settings: QuantSettings,
-                   extra_passes: Sequence[PassBase] = ()) -> tuple[QuantizedGraph, dict[str, float]]:
-    """Run the default passes (plus `extra_passes`, see default_passes) on `graph` (edited in place);
-    returns the quantized graph and the wall seconds of each pass."""
+@dataclass
+class PTQRun:
+    """What one run of the PTQ passes leaves: the quantized graph, the wall seconds of each pass, and the
+    calibration data as CheckDataPass validated it (re-iterable unless it was streamed from an iterator)."""
+
+    qgraph: QuantizedGraph
+    timings: dict[str, float]
+    calib_data: CalibrationData | None
+
+
+def run_ptq(graph: Graph, calib_data: Any, settings: QuantSettings, extra_passes: Sequence[PassBase] = ()) -> PTQRun:
+    """Run the default passes (plus `extra_passes`, see default_passes) on `graph` (edited in place).
+
+    The calibration data is validated here, once (CheckDataPass: DataError / CalibrationError naming the
+    input); callers use PTQRun.calib_data rather than checking it again."""
     ctx = PassContext(settings=settings, graph=graph, progress=make_progress(settings.quiet))
     PassManager(default_passes(settings, calib_data, extra_passes)).run(ctx)
     qgraph = ctx.quantized
     qgraph.cleanup = ctx.cleanup
     qgraph.timings = dict(ctx.timings)
-    return qgraph, ctx.timings
+    return PTQRun(qgraph, ctx.timings, ctx.calib_data)
+
+
+def quantize_graph(graph: Graph, calib_data: Any, settings: QuantSettings,
+                   extra_passes: Sequence[PassBase] = ()) -> tuple[QuantizedGraph, dict[str, float]]:
+    """run_ptq's quantized graph and pass timings."""
+    run = run_ptq(graph, calib_data, settings, extra_passes)
+    return run.qgraph, run.timings
