@@ -64,6 +64,7 @@ class TensorQuantizer(nn.Module):
     scale: torch.Tensor
     zero_point: torch.Tensor
     calibrated: torch.Tensor
+    range_bits: int | None = RANGE_MANTISSA_BITS  # class default: quantizers pickled before it existed
 
     def __init__(
         self,
