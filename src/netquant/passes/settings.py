@@ -27,7 +27,7 @@ class QuantSettings:
         x86-64 and ARM64 CPU), 'x86-no-vnni', 'x86-vnni', 'arm64' or 'host' (this machine, probed).
     weight_scheme: 'int8', 'int7', 'uint8' or 'int8-pairs'; None = the platform's choice for the target.
     range_bits: significant bits kept of each calibrated activation range end, rounded outward
-        (passes.calibration.round_range_outward); makes scales immune to float summation-order noise
+        (calib.ranges.round_range_outward); makes scales immune to float summation-order noise
         (torch thread count).  None = the observer's exact range.
     """
 
