@@ -22,10 +22,12 @@ import torch
 
 from netquant.core.int_kernels import quantize_limited
 from netquant.core.spec import Granularity
+from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
 from netquant.export.ncnn.modelbin import Segment, decode, encode_float32, encode_int8, walk
 from netquant.export.ncnn.param import NcnnLayer, NcnnParam
-from netquant.export.slots import emits, params_of
+from netquant.export.slots import params_of, root
+from netquant.graph.ir import Node
 from netquant.passes.quant_graph import QuantizedGraph
 
 INT8_LAYER_TYPES = ("Convolution", "ConvolutionDepthWise", "InnerProduct")
@@ -84,7 +86,7 @@ def weighted_ops(qgraph: QuantizedGraph) -> tuple[list[WeightedOp], list[str]]:
         if oc is None or len(node.inputs) < 2 or node.inputs[1] not in graph.initializers:
             continue
         a_cfg, w_cfg = (oc.inputs[i] if i < len(oc.inputs) else None for i in (0, 1))
-        if not (emits(a_cfg) and emits(w_cfg)):
+        if not (_quantized(a_cfg) and _quantized(w_cfg)):
             continue
         why = _unsupported(node, a_cfg, w_cfg)
         if why:
@@ -99,7 +101,13 @@ def weighted_ops(qgraph: QuantizedGraph) -> tuple[list[WeightedOp], list[str]]:
     return ops, warnings
 
 
-def _unsupported(node, a_cfg, w_cfg) -> str:
+def _quantized(cfg: TensorQuantConfig | None) -> bool:
+    """The tensor is quantized where this config sits: its own quantizer, or one it shares (OVERLAPPED: the
+    producer's output quantizer; ncnn then quantizes the layer's input with those params)."""
+    return cfg is not None and cfg.is_active and root(cfg).params is not None
+
+
+def _unsupported(node: Node, a_cfg: TensorQuantConfig, w_cfg: TensorQuantConfig) -> str:
     a_scale, a_zp, a_spec = params_of(a_cfg)
     w_scale, w_zp, w_spec = params_of(w_cfg)
     if a_spec.is_float or w_spec.is_float:
@@ -117,7 +125,7 @@ def _unsupported(node, a_cfg, w_cfg) -> str:
     return ""
 
 
-def _weighted_op(qgraph: QuantizedGraph, node, a_cfg, w_cfg) -> WeightedOp | None:
+def _weighted_op(qgraph: QuantizedGraph, node: Node, a_cfg: TensorQuantConfig, w_cfg: TensorQuantConfig) -> WeightedOp | None:
     weight = qgraph.graph.initializers[node.inputs[1]].detach().float().cpu()
     w_scale, w_zp, w_spec = params_of(w_cfg)
     codes = quantize_limited(weight, w_scale, w_zp, w_spec, w_cfg.effective_pair_limit).to(torch.int64)
