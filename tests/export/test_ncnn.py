@@ -203,3 +203,18 @@ def _ncnn_run_named(param: Path, x: np.ndarray, report, int8: bool) -> np.ndarra
     runner = NcnnRunner(param, param.with_suffix(".bin"), int8=int8)
     name_in, name_out = report.blob_names["x"], next(v for k, v in report.blob_names.items() if k != "x")
     return runner.run_batch({"x": x}, [name_in], [name_out])[0]
+
+
+def test_cli_dash_o_param_writes_the_ncnn_model_bin_and_table(run_cli, tmp_path):
+    model, calib = tmp_path / "net.onnx", tmp_path / "calib.npy"
+    onnx.save(small_net(), model)
+    np.save(calib, np.random.default_rng(1).standard_normal((16, 3, 16, 16)).astype(np.float32))
+    out = tmp_path / "net_int8.param"
+    result = run_cli("quantize", model, "--platform", "ncnn_int8", "--calib", calib, "-o", out)
+    assert result.exit_code == 0, result.output
+    assert "int8 kernels in ncnn" in result.output and "ConvolutionDepthWise x1" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["calib.npy", "net.onnx", "net_int8.bin", "net_int8.param",
+                                                          "net_int8.table"]
+    assert len(int8_layers_of(read_param(out))) == 3
+    weights, _ = parse_table(out.with_suffix(".table").read_text())
+    assert len(weights) == 3
