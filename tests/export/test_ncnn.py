@@ -25,8 +25,9 @@ ncnn = pytest.importorskip("ncnn")
 pytest.importorskip("pnnx")
 
 
-def small_net(seed: int = 0) -> onnx.ModelProto:
-    """x[N,3,16,16] -> Conv+Relu -> depthwise Conv -> MaxPool -> GAP -> Flatten -> Gemm."""
+def small_net(seed: int = 0, pool_output: bool = False) -> onnx.ModelProto:
+    """x[N,3,16,16] -> Conv+Relu -> depthwise Conv -> MaxPool -> GAP -> Flatten -> Gemm (pool_output: the MaxPool
+    output 'p' is a second model output, listed first)."""
     rng = np.random.default_rng(seed)
     inits = {"w1": rng.standard_normal((8, 3, 3, 3)) * 0.3, "b1": rng.standard_normal(8) * 0.1,
              "wd": rng.standard_normal((8, 1, 3, 3)) * 0.4, "bd": rng.standard_normal(8) * 0.1,
@@ -39,7 +40,8 @@ def small_net(seed: int = 0) -> onnx.ModelProto:
              helper.make_node("Flatten", ["g"], ["f"], name="flatten"),
              helper.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1)]
     graph = helper.make_graph(nodes, "small_net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 16, 16])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+                              ([helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 8, 8, 8])] if pool_output
+                               else []) + [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
@@ -218,3 +220,41 @@ def test_cli_dash_o_param_writes_the_ncnn_model_bin_and_table(run_cli, tmp_path)
     assert len(int8_layers_of(read_param(out))) == 3
     weights, _ = parse_table(out.with_suffix(".table").read_text())
     assert len(weights) == 3
+
+
+def test_ncnn_export_keeps_the_order_of_several_outputs(tmp_path):
+    x = np.random.default_rng(1).standard_normal((16, 3, 16, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(small_net(pool_output=True), [x], platform="ncnn_int8", quiet=True)
+    report = export_ncnn(qm, tmp_path / "two.param")
+    assert report.blob_names == {"x": "x", "p": "p", "y": "y"}
+    assert set(report.output_cosine) == {"p", "y"} and min(report.output_cosine.values()) > 0.999
+    net = ncnn.Net()
+    assert net.load_param(str(tmp_path / "two.param")) == 0
+    assert sorted(net.output_names()) == ["p", "y"]
+
+
+@pytest.mark.slow
+def test_ppocr_recognizer_in_ncnn_int8_within_one_point(tmp_path):
+    from netquant.api import zoo
+    from netquant.data.ocr import ctc_greedy_decode, rec_batch, score_lines
+    from netquant.data.text_render import make_text_lines
+
+    dictionary = zoo.ppocr_rec_dictionary()
+    calib = rec_batch(make_text_lines(64, seed=1000))
+    lines = make_text_lines(100, seed=2000)
+    x = rec_batch(lines)
+    qm = netquant.quantize_onnx(str(zoo.ppocr_model_path("rec")), [calib[i:i + 8] for i in range(0, 64, 8)],
+                                platform="ncnn_int8", quiet=True)
+    out = tmp_path / "rec.param"
+    report = qm.export(out)
+    assert report.int8_layers == {"Convolution": 20, "ConvolutionDepthWise": 14, "InnerProduct": 4}
+    truth = [line.text for line in lines]
+    int8 = _ncnn_run_named(out, x, report, int8=True).reshape(len(x), -1, len(dictionary))
+    with torch.no_grad():
+        fp = np.concatenate([qm.run({"x": torch.from_numpy(x[i:i + 25])}, fake_quant=False)[qm.graph.output_names[0]]
+                             .numpy() for i in range(0, len(x), 25)])
+    acc8 = score_lines(ctc_greedy_decode(int8, dictionary), truth).line_acc
+    acc32 = score_lines(ctc_greedy_decode(fp, dictionary), truth).line_acc
+    assert acc8 >= acc32 - 0.01

@@ -98,9 +98,16 @@ def _io_names(qgraph: Any) -> tuple[list[str], list[str]]:
     return inputs, list(graph.output_names)
 
 
+def _by_index(blobs: list[str], prefix: str) -> list[str]:
+    """pnnx names the model's inputs / outputs in0, in1.. / out0, out1.. in the ONNX order: sort by that number."""
+    if all(b.startswith(prefix) and b[len(prefix):].isdigit() for b in blobs):
+        return sorted(blobs, key=lambda b: int(b[len(prefix):]))
+    return blobs
+
+
 def _name_blobs(param: NcnnParam, inputs: list[str], outputs: list[str], where: str) -> dict[str, str]:
     """Rename pnnx's in0.. / out0.. blobs to the model's input / output names where ncnn can hold them."""
-    ins, outs = param.input_blobs, param.output_blobs()
+    ins, outs = _by_index(param.input_blobs, "in"), _by_index(param.output_blobs(), "out")
     if len(ins) != len(inputs) or len(outs) != len(outputs):
         raise ExportError(f"pnnx's ncnn model of '{where}' has {len(ins)} input(s) / {len(outs)} output(s), the "
                           f"model {len(inputs)} / {len(outputs)}")
@@ -168,8 +175,8 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
         tmp_bin.write_bytes(int8_bin)
         if tmp_table is not None:
             tmp_table.write_text(table_text(plan.layers), encoding="utf-8")
+        int8_runner = NcnnRunner(tmp_param, tmp_bin, int8=True, threads=threads, where=where)  # ncnn loads it
         if validate:
-            int8_runner = NcnnRunner(tmp_param, tmp_bin, int8=True, threads=threads, where=where)
             with tempfile.TemporaryDirectory(prefix="netquant-ncnn-") as tmp:
                 fp_param, fp_bin = Path(tmp) / "fp32.param", Path(tmp) / "fp32.bin"
                 fp_param.write_text(fp32_param_text, encoding="utf-8")
