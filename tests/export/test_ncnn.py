@@ -258,3 +258,19 @@ def test_ppocr_recognizer_in_ncnn_int8_within_one_point(tmp_path):
     acc8 = score_lines(ctc_greedy_decode(int8, dictionary), truth).line_acc
     acc32 = score_lines(ctc_greedy_decode(fp, dictionary), truth).line_acc
     assert acc8 >= acc32 - 0.01
+
+
+def test_ncnn_export_is_deterministic_and_writes_the_fp32_model_the_table_names(quantized, tmp_path):
+    a = export_ncnn(quantized, tmp_path / "a.param", fp32_path=tmp_path / "fp32.param")
+    export_ncnn(quantized, tmp_path / "b.param")
+    for suffix in (".param", ".bin", ".table"):
+        assert (tmp_path / f"a{suffix}").read_bytes() == (tmp_path / f"b{suffix}").read_bytes()
+    fp32 = read_param(tmp_path / "fp32.param")
+    assert int8_layers_of(fp32) == []
+    assert [la.name for la in fp32.layers] == [la.name for la in read_param(tmp_path / "a.param").layers]
+    weights, _ = parse_table((tmp_path / "a.table").read_text())
+    assert set(weights) == set(a.int8_layer_ops) <= {la.name for la in fp32.layers}
+    x = np.random.default_rng(3).standard_normal((2, 3, 16, 16)).astype(np.float32)
+    with torch.no_grad():
+        fp = quantized.run({"x": torch.from_numpy(x)}, fake_quant=False)["y"].numpy()
+    np.testing.assert_allclose(_ncnn_run(tmp_path / "fp32.param", x, int8=False), fp, rtol=1e-4, atol=1e-5)

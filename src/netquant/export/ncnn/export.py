@@ -123,11 +123,14 @@ def _name_blobs(param: NcnnParam, inputs: list[str], outputs: list[str], where: 
 
 
 def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: str | os.PathLike[str] | None = None,
-                table_path: str | os.PathLike[str] | None = None, write_table: bool = True, validate: bool = True,
+                table_path: str | os.PathLike[str] | None = None, write_table: bool = True,
+                fp32_path: str | os.PathLike[str] | None = None, validate: bool = True,
                 sample: Any = None, min_cosine: float = 0.99,
                 max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO, threads: int = 1) -> NcnnExportReport:
     """Write `path` (.param), its weights (`bin_path`, default: path with suffix .bin) and ncnn's int8 table
-    (`table_path`, default .table; write_table=False: none), whole or not at all.
+    (`table_path`, default .table; write_table=False: none), whole or not at all. fp32_path: also write pnnx's FP32
+    model there (.param, weights beside it as .bin), the model whose layer names the table uses (the input of ncnn's
+    own ncnn2int8 tool).
 
     Conv (Convolution / ConvolutionDepthWise) and fully-connected (InnerProduct) layers whose netquant op is
     quantized run int8 in ncnn with netquant's integer weights and scales; other layers float32. validate: both
@@ -175,6 +178,12 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
         tmp_bin.write_bytes(int8_bin)
         if tmp_table is not None:
             tmp_table.write_text(table_text(plan.layers), encoding="utf-8")
+        if fp32_path is not None:
+            fp32_target = Path(fp32_path)
+            stack.enter_context(atomic_path(fp32_target, "FP32 ncnn param")).write_text(fp32_param_text,
+                                                                                         encoding="utf-8")
+            stack.enter_context(atomic_path(fp32_target.with_suffix(".bin"), "FP32 ncnn weights")).write_bytes(
+                converted.weights)
         int8_runner = NcnnRunner(tmp_param, tmp_bin, int8=True, threads=threads, where=where)  # ncnn loads it
         if validate:
             with tempfile.TemporaryDirectory(prefix="netquant-ncnn-") as tmp:
