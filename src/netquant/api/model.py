@@ -35,6 +35,7 @@ class ExportKind(enum.StrEnum):
     QDQ = "qdq"  # ONNX QuantizeLinear / DequantizeLinear model
     JSON = "json"  # every tensor's quantization params
     TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
+    NCNN = "ncnn"  # ncnn int8 model: .param + .bin (+ ncnn's int8 .table); the default for a .param path
 
 
 class QuantizedModel:
@@ -169,19 +170,26 @@ class QuantizedModel:
         return errors
 
     # ---- export ----------------------------------------------------------------------------
-    def export(self, path: str | Path, format: ExportKind | str = ExportKind.QDQ, **kwargs: Any) -> Any:
-        """Write the model: ONNX QDQ, quant-params JSON or TensorRT calibration cache (ExportKind)."""
+    def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
+        """Write the model: ONNX QDQ, quant-params JSON, TensorRT calibration cache or ncnn (ExportKind); default:
+        ncnn for a .param path, else QDQ."""
         from netquant import export
 
+        if format is None:
+            format = ExportKind.NCNN if Path(path).suffix.lower() == ".param" else ExportKind.QDQ
         try:
             fmt = ExportKind(format)
         except ValueError:
             raise ConfigError(f"unknown export format '{format}'; choose one of "
                               f"{', '.join(f.value for f in ExportKind)}") from None
         writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
-                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache}[fmt]
+                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache, ExportKind.NCNN: export.export_ncnn}[fmt]
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
-        OutputPlan.create([("export path", path, f"{fmt.value} file")],
+        planned = [("export path", path, f"{fmt.value} file")]
+        if fmt is ExportKind.NCNN:  # the weights and the int8 table beside the .param (export_ncnn's defaults)
+            planned += [("ncnn weights", kwargs.get("bin_path") or Path(path).with_suffix(".bin"), "ncnn weights"),
+                        ("ncnn int8 table", kwargs.get("table_path") or Path(path).with_suffix(".table"), "ncnn table")]
+        OutputPlan.create(planned,
                           inputs=model_files(source) if source is not None else (), error=ExportError)
         return writer(self.qgraph, path, **kwargs)
 

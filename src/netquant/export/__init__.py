@@ -1,8 +1,9 @@
-"""netquant.export: ONNX QDQ models, quant-params JSON and TensorRT calibration caches.
+"""netquant.export: ONNX QDQ models, ncnn int8 models, quant-params JSON and TensorRT calibration caches.
 
 Every file is validated before it is written and written whole or not at all.
 """
 
+from netquant.export.ncnn import NcnnExportReport, export_ncnn
 from netquant.export.onnx_qdq import ExportReport, build_qdq_model, export_qdq
 from netquant.export.ort_kernels import INT8_KERNEL_OPS, ort_int8_kernels, ort_optimized_op_types
 from netquant.export.params import (
@@ -16,7 +17,9 @@ from netquant.export.params import (
 __all__ = [
     "INT8_KERNEL_OPS",
     "ExportReport",
+    "NcnnExportReport",
     "build_qdq_model",
+    "export_ncnn",
     "export_qdq",
     "export_quant_params_json",
     "export_trt_calibration_cache",
