@@ -35,6 +35,7 @@ class ExportKind(enum.StrEnum):
     QDQ = "qdq"  # ONNX QuantizeLinear / DequantizeLinear model
     JSON = "json"  # every tensor's quantization params
     TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
+    OPENVINO_IR = "openvino_ir"  # OpenVINO IR: model.xml + model.bin (also chosen by a .xml path)
 
 
 class QuantizedModel:
@@ -178,10 +179,17 @@ class QuantizedModel:
         except ValueError:
             raise ConfigError(f"unknown export format '{format}'; choose one of "
                               f"{', '.join(f.value for f in ExportKind)}") from None
+        if fmt is ExportKind.QDQ and Path(path).suffix.lower() == ".xml":
+            fmt = ExportKind.OPENVINO_IR
+        from netquant.export.openvino import export_openvino
+
         writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
-                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache}[fmt]
+                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache,
+                  ExportKind.OPENVINO_IR: export_openvino}[fmt]
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
-        OutputPlan.create([("export path", path, f"{fmt.value} file")],
+        bins = [("export path (.bin)", Path(path).with_suffix(".bin"), "OpenVINO weights")] \
+            if fmt is ExportKind.OPENVINO_IR else []
+        OutputPlan.create([("export path", path, f"{fmt.value} file"), *bins],
                           inputs=model_files(source) if source is not None else (), error=ExportError)
         return writer(self.qgraph, path, **kwargs)
 

@@ -96,6 +96,7 @@ class RunFacts:
     seconds: dict[str, float]
     validated_with: str = ""
     cpu_target: str | None = None
+    engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
     extra_files: list[Path] = field(default_factory=list)
 
 
@@ -118,9 +119,12 @@ def summary_table(f: RunFacts) -> Table:
     by_type = ", ".join(f"{k} {v}" for k, v in f.by_type.items())
     t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
     kernels = f.int8_kernels
-    t.add_row("int8 kernels in onnxruntime",
-              "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
-                                                     or "none: onnxruntime runs this model in float"))
+    if f.engine_layers:
+        t.add_row("int8 layers in OpenVINO", f.engine_layers)
+    else:
+        t.add_row("int8 kernels in onnxruntime",
+                  "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
+                                                         or "none: onnxruntime runs this model in float"))
     if f.runtime_qdq is not None:
         t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
@@ -144,7 +148,7 @@ def summary_table(f: RunFacts) -> Table:
               help="Target platform (see `netquant platforms`).")
 @click.option("--calib", required=True, help="Folder of images, .npy/.npz file or folder, or 'random'.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Quantized ONNX (QDQ) file to write.")
+              help="Quantized ONNX (QDQ) file to write; a .xml path writes OpenVINO IR (.xml + .bin).")
 @click.option("--num-calib", type=click.IntRange(min=1), default=None, help="Use at most this many samples.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--observer", default=None, help="Activation observer (default: the platform's).")
@@ -192,8 +196,9 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    ir_bin = output.with_suffix(".bin") if output.suffix.lower() == ".xml" else None
     plan = OutputPlan.create(
-        [("-o", output, "ONNX model"), ("--json", json_path, "quant-params JSON"),
+        [("-o", output, "OpenVINO IR" if ir_bin else "ONNX model"), ("-o .bin", ir_bin, "OpenVINO IR weights"), ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
         inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else [])])
     inputs = model_inputs(model)
@@ -233,9 +238,14 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     with plan.staged() as stage:
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
-            report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset,
-                                                              sample=None if qmodel.qgraph.validation_batches
-                                                              else batches[0]))
+            sample = None if qmodel.qgraph.validation_batches else batches[0]
+            if ir_bin is not None:
+                from netquant.export.openvino import export_openvino
+
+                report = stage.write("-o", lambda p: stage.write("-o .bin", lambda b: export_openvino(
+                    qmodel.qgraph, p, bin_path=b, opset=opset, sample=sample)))
+            else:
+                report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset, sample=sample))
         if json_path is not None:
             stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
         if trt_cache is not None:
@@ -250,9 +260,12 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         model=model, output=output, platform=platform.name, samples=samples, ops_total=summary["ops"],
         ops_quantized=summary["quantized_ops"], by_type=summary["quantized_by_type"],
         int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq,
-        fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=output.stat().st_size,
+        fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=report.size_bytes,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
         cosine=report.output_cosine, validated_with=report.validated_with, cpu_target=report.cpu_target,
+        engine_layers="" if report.int8_layers is None else (
+            f"{sum(report.int8_layers.values())} / {report.heavy_layers} heavy layers ("
+            + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
         extra_files=extra)
