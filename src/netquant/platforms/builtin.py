@@ -18,8 +18,8 @@ from netquant.platforms.platform import (
     Platform,
     Validation,
     depthwise_or_small,
-    is_depthwise,
     int32_bias_spec,
+    is_depthwise,
     standard_rule,
 )
 from netquant.platforms.registry import register_platform
