@@ -19,7 +19,6 @@ from netquant.platforms.platform import (
     Validation,
     depthwise_or_small,
     int32_bias_spec,
-    is_depthwise,
     standard_rule,
 )
 from netquant.platforms.registry import register_platform
@@ -133,20 +132,22 @@ TENSORRT_INT8 = _builtin(Platform(
 #   Here only the inputs (and weights) of Conv / Gemm / MatMul with constant weights are quantized; LPT fuses the
 #   dequantization into the int8 layer and the next FakeQuantize into its post-ops.
 # - depthwise convolutions run slower in int8 than in f32 (jit_avx2_I8 vs brgconv_avx2_dw_f32: cls 1.07 vs
-#   0.52 ms) and cost accuracy: they stay float, as do activation x activation MatMuls (attention), which lost
-#   ~5 points of rec exact lines.
-# - symmetric int8 activations with MSE-clipped ranges: cls 99.5% (FP32 100%), rec 96.0% (FP32 97.5%) on 200
+#   0.52 ms) and cost accuracy: they stay float, as do convs under 400 multiply-adds per pixel (cls SE blocks:
+#   int8 99.5% -> 100% with them float) and activation x activation MatMuls (attention: ~5 points of rec lines).
+# - symmetric int8 activations with MSE-clipped ranges: cls 100% (FP32 100%), rec 96.0% (FP32 97.5%) on 200
 #   held-out lines; min/max ranges 98.0% / 96.0%; uint8 affine 99.0% / 92.5%.
+OPENVINO_MIN_CONV_MACS = 400
 OPENVINO_INT8 = _builtin(Platform(
     name="openvino_int8",
     description="OpenVINO CPU plugin: int8 symmetric per-tensor activations (MSE ranges), int8 symmetric "
-                "per-channel weights (7-bit for CPUs without VNNI); Q/DQ on the inputs of Conv (not depthwise), "
+                "per-channel weights (7-bit for CPUs without VNNI); Q/DQ on the inputs of Conv (not depthwise or tiny), "
                 "Gemm and weight MatMuls only, biases and element-wise ops float (as NNCF places FakeQuantize)",
     activation=QuantSpec.int8(),
     weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
     bias=None,
     rules=_rules(
-        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_quantized_input_if=is_depthwise),
+        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.WHEN_CONSUMED,
+                                    requires_quantized_input_if=depthwise_or_small(OPENVINO_MIN_CONV_MACS)),
         COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.WHEN_CONSUMED),
         COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_weight=True),
     ),
