@@ -194,3 +194,19 @@ def test_classifier_ir_within_one_point_of_fp32_in_openvino(tmp_path: Path) -> N
     compiled = _compile(xml)
     assert _int8_heavy(compiled)[0] >= 40
     assert accuracy(xml) >= accuracy(fp32_path) - 0.01
+
+
+def test_cli_writes_ir_pair(run_cli, conv_net_file: Path, calib_images: np.ndarray, tmp_path: Path) -> None:
+    calib = tmp_path / "calib.npy"
+    np.save(calib, calib_images)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    result = run_cli("quantize", conv_net_file, "--platform", "openvino_int8", "--calib", calib,
+                     "-o", out_dir / "net.xml")
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in out_dir.iterdir()) == ["net.bin", "net.xml"]
+    int8, heavy = _int8_heavy(_compile(out_dir / "net.xml"))
+    # conv1 (8 x 3 x 3 x 3 = 216 multiply-adds per pixel) stays float; conv2 and the Gemm run int8
+    assert (int8, heavy) == (2, 3)
+    text = " ".join(result.output.replace("│", " ").split())
+    assert "int8 layers in OpenVINO 2 / 3 heavy layers" in text and "validated in OpenVINO" in text
