@@ -24,6 +24,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from netquant.errors import ExportError
+from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO
 
 # layers whose int8 execution decides the speed (runtime-model layer types of the CPU plugin)
 HEAVY_LAYER_TYPES = ("Convolution", "GroupConvolution", "Deconvolution", "MatMul", "FullyConnected")
@@ -252,6 +253,10 @@ def validate_in_openvino(qgraph: Any, model_path: str | os.PathLike[str], batche
     except ExportError as exc:
         raise ExportError(str(exc).replace("in onnxruntime", f"in OpenVINO {run.version} (CPU plugin)")
                           .replace("onnxruntime computes", "OpenVINO computes")) from exc
+    if batches and not agreement:
+        names = list(run.outputs[0]) if run.outputs else []
+        raise ExportError(f"exported model for '{where}': OpenVINO's outputs {names} match none of the model's "
+                          f"outputs {list(qgraph.graph.output_names)}, so they could not be checked; no file written")
     return OpenVinoCheck(engine=f"OpenVINO {run.version} (CPU plugin, this CPU)", int8_layers=run.int8_by_type(),
                          int8_heavy=run.int8_heavy_layers, heavy=run.heavy_layers, agreement=agreement)
 
@@ -260,14 +265,16 @@ def validate_in_openvino(qgraph: Any, model_path: str | os.PathLike[str], batche
 
 def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str | os.PathLike[str] | None = None,
                     opset: int | None = None, validate: bool = True, sample: Any = None, min_cosine: float = 0.98,
-                    max_error_ratio: float | None = 1.5) -> Any:
+                    max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO) -> Any:
     """Write `qmodel` as OpenVINO IR: `path` (model.xml) and `bin_path` (default: model.bin beside it), both whole
     or neither.
 
     The QDQ model (export_qdq's, in OpenVINO's op forms) goes through openvino.convert_model and
     save_model(compress_to_fp16=False) in a child process, which then reads the IR back, compiles it on the CPU
     plugin and runs the validation batches (validate=True: accepted as export_qdq accepts onnxruntime's outputs;
-    the report counts the heavy runtime layers running in int8). Needs the openvino package
+    the report counts the heavy runtime layers running in int8; validate=False still compiles, without batches).
+    The .bin is moved into place before the .xml; if that last move fails the new .bin is removed again (an older
+    .bin it replaced is gone). Needs the openvino package
     (pip install netquant[openvino]); ExportError, and no file, on any failure.
     """
     import time
