@@ -86,6 +86,28 @@ def interleaved_latency_ms(paths: list[Path], x1: np.ndarray, repeats: int, roun
     return [1000 * statistics.median(t) for t in times]
 
 
+def layer_profile(path: Path, x1: np.ndarray, runs: int = 20, top: int = 6) -> str:
+    """The `top` costliest (layer type, kernel) pairs of one batch-1, one-thread run (OpenVINO PERF_COUNT, mean
+    over `runs`), e.g. 'Convolution jit_avx2_1x1_I8 x21 12.2 ms'."""
+    compiled = CORE.compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32", "NUM_STREAMS": "1",
+                                                     "INFERENCE_NUM_THREADS": "1", "PERF_COUNT": True})
+    request = compiled.create_infer_request()
+    for _ in range(3):
+        request.infer({0: x1})
+    total: dict[tuple[str, str], float] = {}
+    count: dict[tuple[str, str], int] = {}
+    for _ in range(runs):
+        request.infer({0: x1})
+        for info in request.get_profiling_info():
+            if info.status == info.Status.EXECUTED:
+                key = (info.node_type, info.exec_type)
+                total[key] = total.get(key, 0.0) + info.real_time.total_seconds() * 1000 / runs
+                count[key] = count.get(key, 0) + 1
+    best = sorted(total.items(), key=lambda kv: -kv[1])[:top]
+    return ", ".join(f"{t} {e} x{count[(t, e)] // runs} {ms:.2f} ms" for (t, e), ms in best) + \
+        f" (all layers {sum(total.values()):.1f} ms)"
+
+
 def netquant_quantize(model: Path, out: Path, calib: np.ndarray) -> float:
     """netquant, openvino_int8 defaults, written as IR (validated in OpenVINO); wall seconds."""
     import netquant
@@ -130,6 +152,7 @@ def main() -> None:
     labels = np.array([s.label for s in eval_dir])
 
     rows: list[Row] = []
+    profiles: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for which in args.models.split(","):
@@ -167,8 +190,9 @@ def main() -> None:
                 rows.append(row)
                 print(row, flush=True)
             lats = interleaved_latency_ms([p for _, p in timed], xe[:1], args.repeats)
-            for (row, _), lat in zip(timed, lats):
+            for (row, path), lat in zip(timed, lats):
                 row.latency_ms = lat
+                profiles.append(f"{name}, {row.method}: {layer_profile(path, xe[:1])}")
 
     header = ("| model | method | accuracy % (cls) / exact lines % (rec) | delta vs FP32 | int8 heavy layers / heavy "
               "layers | quant time s | latency ms (b1, 1 thread) | speed vs FP32 | note |")
@@ -191,6 +215,9 @@ def main() -> None:
         speed = f"{b.latency_ms / r.latency_ms:.2f}x" if r.latency_ms and b.latency_ms else "-"
         lines.append(f"| {r.model} | {r.method} | {acc} | {delta} | {r.int8_heavy} | {r.quant_s} | {lat} | {speed} | "
                      f"{r.note} |")
+    lines += ["", "Where the time goes (OpenVINO per-layer profile, PERF_COUNT, batch 1, 1 thread; costliest layer type "
+              "and kernel first; `_I8` kernels run int8):", ""]
+    lines += [f"- {p}" for p in profiles]
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(RESULTS, text)
