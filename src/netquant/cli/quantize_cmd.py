@@ -198,7 +198,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     _check_report_path(report_path)
     ir_bin = output.with_suffix(".bin") if output.suffix.lower() == ".xml" else None
     plan = OutputPlan.create(
-        [("-o", output, "OpenVINO IR" if ir_bin else "ONNX model"), ("-o .bin", ir_bin, "OpenVINO IR weights"), ("--json", json_path, "quant-params JSON"),
+        [("-o", output, "OpenVINO IR" if ir_bin else "ONNX model"), ("-o .bin", ir_bin, "OpenVINO IR weights"),
+         ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
         inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else [])])
     inputs = model_inputs(model)
