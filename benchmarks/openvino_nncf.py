@@ -35,6 +35,21 @@ from netquant.platforms.targets import host_info
 RESULTS = Path(__file__).parent / "results" / "openvino_nncf.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
 CORE = ov.Core()
+# measured while choosing the openvino_int8 rules (same CPU and versions; platforms/builtin.py has the numbers)
+NOTES = """Notes from building the openvino_int8 rules (same machine, measured one at a time, not in this run):
+
+- The previous rules (Q/DQ on Add / Mul / pooling too) crashed compile_model on the recognizer (SIGFPE, quantized
+  constant inputs of bias Adds); now only Conv / Gemm / weight-MatMul inputs carry Q/DQ, and a crash in OpenVINO
+  is caught in a child process as an ExportError.
+- netquant's simplify pass writes hard-swish as x * HardSigmoid(x), which OpenVINO runs as a reference kernel
+  outside the convolution (rec FP32: 69 ms vs 39 ms for the source graph); the OpenVINO export writes the ReLU6
+  form OpenVINO fuses (export/openvino.py relu6_hard_sigmoid).
+- Full-range int8 weights lose to the int16 pair sums of this non-VNNI CPU (rec 78% exact lines); 7-bit weights
+  (target any) are used. Pair-limited int8 in onnxruntime's K order gives 90.5%: OpenVINO packs weights differently.
+- On this CPU the int8 FullyConnected runs as FullyConnectedQuantizedLegacy (jit_gemm_i8), slower than the f32
+  gemm (see the profiles); `--fp32-ops MatMul,Gemm` made rec ~6% faster at the same accuracy (95.5%), kept
+  int8 by default for CPUs with VNNI / AMX, where no such measurement was possible here.
+"""
 
 
 @dataclass
@@ -218,6 +233,7 @@ def main() -> None:
     lines += ["", "Where the time goes (OpenVINO per-layer profile, PERF_COUNT, batch 1, 1 thread; costliest layer type "
               "and kernel first; `_I8` kernels run int8):", ""]
     lines += [f"- {p}" for p in profiles]
+    lines += ["", NOTES]
     text = "\n".join(lines) + "\n"
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(RESULTS, text)
