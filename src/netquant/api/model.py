@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import enum
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,18 +23,10 @@ from netquant.analysis import (
 )
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
+from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
-
-
-class ExportKind(enum.StrEnum):
-    """Which file QuantizedModel.export writes (the platform decides the QDQ flavour)."""
-
-    QDQ = "qdq"  # ONNX QuantizeLinear / DequantizeLinear model
-    JSON = "json"  # every tensor's quantization params
-    TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
-    NCNN = "ncnn"  # ncnn int8 model: .param + .bin (+ ncnn's int8 .table); the default for a .param path
 
 
 class QuantizedModel:
@@ -171,27 +162,19 @@ class QuantizedModel:
 
     # ---- export ----------------------------------------------------------------------------
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
-        """Write the model: ONNX QDQ, quant-params JSON, TensorRT calibration cache or ncnn (ExportKind); default:
-        ncnn for a .param path, else QDQ."""
-        from netquant import export
-
-        if format is None:
-            format = ExportKind.NCNN if Path(path).suffix.lower() == ".param" else ExportKind.QDQ
+        """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR or
+        ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR, .param ncnn,
+        else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
         try:
-            fmt = ExportKind(format)
+            fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
         except ValueError:
             raise ConfigError(f"unknown export format '{format}'; choose one of "
                               f"{', '.join(f.value for f in ExportKind)}") from None
-        writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
-                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache, ExportKind.NCNN: export.export_ncnn}[fmt]
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         planned = [("export path", path, f"{fmt.value} file")]
-        if fmt is ExportKind.NCNN:  # the weights and the int8 table beside the .param (export_ncnn's defaults)
-            planned += [("ncnn weights", kwargs.get("bin_path") or Path(path).with_suffix(".bin"), "ncnn weights"),
-                        ("ncnn int8 table", kwargs.get("table_path") or Path(path).with_suffix(".table"), "ncnn table")]
-        OutputPlan.create(planned,
-                          inputs=model_files(source) if source is not None else (), error=ExportError)
-        return writer(self.qgraph, path, **kwargs)
+        planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
+        OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
+        return writer(fmt)(self.qgraph, path, **kwargs)
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "

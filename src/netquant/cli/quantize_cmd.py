@@ -97,6 +97,7 @@ class RunFacts:
     validated_with: str = ""
     cpu_target: str | None = None
     engine: str = "onnxruntime"
+    engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
     extra_files: list[Path] = field(default_factory=list)
 
 
@@ -120,8 +121,8 @@ def summary_table(f: RunFacts) -> Table:
     t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
     kernels = f.int8_kernels
     t.add_row(f"int8 kernels in {f.engine}",
-              "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
-                                                     or f"none: {f.engine} runs this model in float"))
+              f.engine_layers or ("not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
+                                                      or f"none: {f.engine} runs this model in float")))
     if f.runtime_qdq is not None:
         t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
@@ -145,8 +146,9 @@ def summary_table(f: RunFacts) -> Table:
               help="Target platform (see `netquant platforms`).")
 @click.option("--calib", required=True, help="Folder of images, .npy/.npz file or folder, or 'random'.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Quantized ONNX (QDQ) file to write; a .param path writes an ncnn int8 model (.param + .bin + "
-                   "ncnn's int8 .table beside it; needs netquant[ncnn]).")
+              help="Quantized ONNX (QDQ) file to write; a .xml path writes OpenVINO IR (.xml + .bin; needs "
+                   "netquant[openvino]), a .param path an ncnn int8 model (.param + .bin + ncnn's int8 .table beside "
+                   "it; needs netquant[ncnn]).")
 @click.option("--num-calib", type=click.IntRange(min=1), default=None, help="Use at most this many samples.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--observer", default=None, help="Activation observer (default: the platform's).")
@@ -187,23 +189,19 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
-    from netquant.export import (
-        export_ncnn,
-        export_qdq,
-        export_quant_params_json,
-        export_trt_calibration_cache,
-    )
+    from netquant.export import export_quant_params_json, export_trt_calibration_cache
+    from netquant.export.formats import ExportKind, companions, writer
     from netquant.platforms import get_platform
 
     console = Console(stderr=True, quiet=quiet)
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
-    ncnn = output.suffix.lower() == ".param"
+    kind = ExportKind.for_path(output)
+    beside = companions(kind)
     plan = OutputPlan.create(
-        [("-o", output, "ncnn param" if ncnn else "ONNX model"),
-         ("-o .bin", output.with_suffix(".bin") if ncnn else None, "ncnn weights"),
-         ("-o .table", output.with_suffix(".table") if ncnn else None, "ncnn int8 table"),
+        [("-o", output, {ExportKind.OPENVINO_IR: "OpenVINO IR", ExportKind.NCNN: "ncnn param"}.get(kind, "ONNX model")),
+         *[(f"-o {c.suffix}", c.default_path(output), c.what) for c in beside],
          ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
         inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else [])])
@@ -245,13 +243,11 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
             sample = None if qmodel.qgraph.validation_batches else batches[0]
-            if ncnn:  # staging paths of the weights and the table, written by export_ncnn with the .param
-                bin_tmp, table_tmp = stage.write("-o .bin", lambda p: p), stage.write("-o .table", lambda p: p)
-                report = stage.write("-o", lambda p: export_ncnn(qmodel.qgraph, p, bin_path=bin_tmp,
-                                                                 table_path=table_tmp, sample=sample))
-                extra += [output.with_suffix(".bin"), output.with_suffix(".table")]
-            else:
-                report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset, sample=sample))
+            # companions (.bin, .table) are written by the exporter at their staging paths, with the main file
+            staged = {c.keyword: stage.write(f"-o {c.suffix}", lambda p: p) for c in beside}
+            options = {"opset": opset} if kind in (ExportKind.QDQ, ExportKind.OPENVINO_IR) else {}
+            report = stage.write("-o", lambda p: writer(kind)(qmodel.qgraph, p, sample=sample, **staged, **options))
+            extra += [c.default_path(output) for c in beside]
         if json_path is not None:
             stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
         if trt_cache is not None:
@@ -266,11 +262,13 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         model=model, output=output, platform=platform.name, samples=samples, ops_total=summary["ops"],
         ops_quantized=summary["quantized_ops"], by_type=summary["quantized_by_type"],
         int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq,
-        fp32_bytes=sum(f.stat().st_size for f in model_files(model)),
-        int8_bytes=output.stat().st_size + (output.with_suffix(".bin").stat().st_size if ncnn else 0),
-        engine="ncnn" if ncnn else "onnxruntime",
+        fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=report.size_bytes,
+        engine=kind.engine,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
         cosine=report.output_cosine, validated_with=report.validated_with, cpu_target=report.cpu_target,
+        engine_layers="" if kind is not ExportKind.OPENVINO_IR or report.int8_layers is None else (
+            f"{sum(report.int8_layers.values())} / {report.heavy_layers} heavy layers ("
+            + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
         extra_files=extra)

@@ -52,6 +52,9 @@ class ExportReport:
     cpu_target: str | None = None
     int8_kernels: dict[str, int] | None = None
     runtime_qdq: int | None = None  # Q + DQ nodes onnxruntime still runs after fusing (None: not checked)
+    engine: str = ""  # the engine that ran the file when it is not onnxruntime (e.g. "OpenVINO 2026.4.1 (CPU plugin ...)")
+    int8_layers: dict[str, int] | None = None  # that engine's heavy runtime layers running in int8, per layer type
+    heavy_layers: int | None = None  # all its heavy (Convolution / MatMul / FullyConnected) runtime layers
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -70,10 +73,13 @@ class ExportReport:
         target = f"; CPU target {self.cpu_target}" if self.cpu_target else ""
         checked = (f" over {self.validation_batches} batch(es) in {self.validated_with}, "
                    f"{self.accumulation.value} int8 arithmetic" if self.accumulation is not None else "")
+        if self.int8_layers is not None:
+            kernels = (", ".join(f"{k} x{v}" for k, v in self.int8_layers.items()) or "none") + \
+                f" ({sum(self.int8_layers.values())} / {self.heavy_layers} heavy layers)"
         return (f"{self.path}: opset {self.source_opset}->{self.opset}, {len(self.quantized_ops)} ops quantized, "
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x){target}; cosine vs executor {cos}{checked}; "
-                f"onnxruntime int8 kernels: {kernels}"
+                f"{'int8 layers in ' + self.engine.split(' (')[0] if self.engine else 'onnxruntime int8 kernels'}: {kernels}"
                 + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
 
 
@@ -153,6 +159,13 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
     model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
     agreement = {}
     in_engine = qgraph.platform.validation is Validation.ONNXRUNTIME
+    ov_check, ov_note = None, ""
+    if qgraph.platform.validation is Validation.OPENVINO:
+        from netquant.export.openvino import openvino_available, openvino_form, validate_in_openvino
+
+        openvino_form(model)
+        in_engine, check_kernels = openvino_available(), False
+        ov_note = "" if in_engine else " (openvino not installed: OpenVINO could not be checked)"
     # fused int8 kernels run this machine's arithmetic; the Q/DQ reference computes exactly
     accumulation = (host_accumulation() if in_engine else Accumulation.EXACT) if validate else None
     with atomic_path(path, "ONNX model") as tmp:
@@ -160,9 +173,13 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
             check_model(model, where)
         onnx.save(model, str(tmp))
         if validate:
-            sess = _ort_session(model, tmp, where, optimized=in_engine)
-            agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
-                                              max_error_ratio)
+            if qgraph.platform.validation is Validation.OPENVINO and in_engine:
+                ov_check = validate_in_openvino(qgraph, tmp, batches, where, min_cosine, max_error_ratio)
+                agreement = ov_check.agreement
+            else:
+                sess = _ort_session(model, tmp, where, optimized=in_engine)
+                agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
+                                                  max_error_ratio)
     target = Path(path)
     counts = ort_optimized_op_types(target) if check_kernels else None
     kernels = int8_kernels_of(counts) if counts is not None else None
@@ -171,13 +188,17 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
         fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
-        validated=validate, validated_with=("" if not validate else "onnxruntime (optimized, this CPU)" if in_engine
-                                            else "Q/DQ reference (onnxruntime, no fusion)"),
+        validated=validate, validated_with=("" if not validate else ov_check.engine if ov_check is not None
+                                            else "onnxruntime (optimized, this CPU)" if in_engine
+                                            else "Q/DQ reference (onnxruntime, no fusion)" + ov_note),
         output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
         output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
         accumulation=accumulation, cpu_target=qgraph.platform.cpu_target.value if qgraph.platform.cpu_target is not None else None,
         int8_kernels=kernels,
         runtime_qdq=ort_runtime_qdq(counts) if counts is not None else None,
+        engine=ov_check.engine if ov_check is not None else "",
+        int8_layers=ov_check.int8_layers if ov_check is not None else None,
+        heavy_layers=ov_check.heavy if ov_check is not None else None,
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
 
 

@@ -47,6 +47,7 @@ class Validation(enum.Enum):
     """What an exported file is checked against before it is written."""
 
     ONNXRUNTIME = "onnxruntime"  # the engine itself: onnxruntime's optimized graph (fused int8 kernels), this CPU
+    OPENVINO = "openvino"  # the engine itself: OpenVINO's CPU plugin (compiled, run, runtime layer precisions), this CPU
     QDQ_REFERENCE = "qdq_reference"  # engines not runnable here: Q/DQ as defined (onnxruntime, optimizations off)
 
 

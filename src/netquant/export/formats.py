@@ -1,0 +1,72 @@
+"""Which file an export writes: the format a path's suffix picks, the companion files written beside it
+(OpenVINO's .bin, ncnn's .bin and .table), and the writer. One table for QuantizedModel.export and the CLI."""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+class ExportKind(enum.StrEnum):
+    """Which file QuantizedModel.export writes (the platform decides the QDQ flavour)."""
+
+    QDQ = "qdq"  # ONNX QuantizeLinear / DequantizeLinear model
+    JSON = "json"  # every tensor's quantization params
+    TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
+    OPENVINO_IR = "openvino_ir"  # OpenVINO IR: model.xml + model.bin (a .xml path)
+    NCNN = "ncnn"  # ncnn int8 model: .param + .bin + ncnn's int8 .table (a .param path)
+
+    @classmethod
+    def for_path(cls, path: str | os.PathLike[str]) -> ExportKind:
+        """The model format a path asks for: .xml OpenVINO IR, .param ncnn, anything else ONNX QDQ."""
+        return _BY_SUFFIX.get(Path(path).suffix.lower(), cls.QDQ)
+
+    @property
+    def engine(self) -> str:
+        """The engine that runs (and validates) this format by default."""
+        return {ExportKind.OPENVINO_IR: "OpenVINO", ExportKind.NCNN: "ncnn"}.get(self, "onnxruntime")
+
+
+@dataclass(frozen=True)
+class Companion:
+    """A file written together with the main one: its suffix, the writer's keyword for its path, what it is."""
+
+    suffix: str
+    keyword: str
+    what: str
+
+    def default_path(self, path: str | os.PathLike[str]) -> Path:
+        return Path(path).with_suffix(self.suffix)
+
+
+_BY_SUFFIX = {".xml": ExportKind.OPENVINO_IR, ".param": ExportKind.NCNN}
+
+COMPANIONS: dict[ExportKind, tuple[Companion, ...]] = {
+    ExportKind.OPENVINO_IR: (Companion(".bin", "bin_path", "OpenVINO IR weights"),),
+    ExportKind.NCNN: (Companion(".bin", "bin_path", "ncnn weights"), Companion(".table", "table_path", "ncnn int8 table")),
+}
+
+
+def companions(kind: ExportKind) -> tuple[Companion, ...]:
+    return COMPANIONS.get(kind, ())
+
+
+def writer(kind: ExportKind) -> Callable[..., Any]:
+    """The export function for `kind`: writer(qgraph, path, **options) (engine exporters imported on demand)."""
+    if kind is ExportKind.OPENVINO_IR:
+        from netquant.export.openvino import export_openvino
+
+        return export_openvino
+    if kind is ExportKind.NCNN:
+        from netquant.export.ncnn import export_ncnn
+
+        return export_ncnn
+    from netquant.export.onnx_qdq import export_qdq
+    from netquant.export.params import export_quant_params_json, export_trt_calibration_cache
+
+    return {ExportKind.QDQ: export_qdq, ExportKind.JSON: export_quant_params_json,
+            ExportKind.TENSORRT_CACHE: export_trt_calibration_cache}[kind]
