@@ -120,7 +120,7 @@ def summary_table(f: RunFacts) -> Table:
     by_type = ", ".join(f"{k} {v}" for k, v in f.by_type.items())
     t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
     kernels = f.int8_kernels
-    t.add_row(f"int8 kernels in {f.engine}",
+    t.add_row(f"int8 layers in {f.engine}" if f.engine_layers else f"int8 kernels in {f.engine}",
               f.engine_layers or ("not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
                                                       or f"none: {f.engine} runs this model in float")))
     if f.runtime_qdq is not None:
