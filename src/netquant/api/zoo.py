@@ -36,7 +36,7 @@ PPOCR_MODELS = {
 # the built-in transformer encoder: torch.nn.TransformerEncoder, seeded weights (see encoder_model_path)
 ENCODER_LAYERS, ENCODER_DIM, ENCODER_HEADS, ENCODER_FF, ENCODER_SEQ = 6, 384, 6, 1536, 64
 ENCODER_SEED = 0
-ENCODER_FILE = "encoder_6x384_seq64_v1.onnx"
+ENCODER_FILE = "encoder_6x384_seq64_v2.onnx"
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
                 "shufflenet", "squeezenet", "vgg19", "zfnet512")
 
@@ -142,7 +142,9 @@ def _encoder_module() -> torch.nn.Module:
             # enable_nested_tensor=False: the nested-tensor fast path drops padded tokens and is not exportable
             self.encoder = torch.nn.TransformerEncoder(layer, ENCODER_LAYERS, enable_nested_tensor=False)
             for clone in self.encoder.layers:  # the encoder deep-copies one layer: give each its own weights
-                clone.self_attn._reset_parameters()
+                clone.self_attn._reset_parameters()  # in_proj weight (zero biases)
+                clone.self_attn.out_proj.reset_parameters()
+                torch.nn.init.normal_(clone.self_attn.in_proj_bias, 0.0, 0.02)
                 clone.linear1.reset_parameters()
                 clone.linear2.reset_parameters()
                 for norm in (clone.norm1, clone.norm2):  # trained-like gains and shifts, not 1 and 0
