@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from netquant.core.spec import QuantSpec
+from netquant.core.spec import Granularity, QuantSpec
 
 PAIR_LIMIT = 128
 INT16_MIN, INT16_MAX = -32768, 32767
@@ -82,25 +82,37 @@ def count_overflow_pairs(codes: torch.Tensor, layout: WeightLayout, limit: int =
     return int(overflow_pairs(layout.to_nk(codes), limit).sum())
 
 
+def _over_pair_index(nk: torch.Tensor, limit: int) -> torch.Tensor:
+    """Flat indices (into the [N, ceil(K/2)] pairs) of same-sign pairs with |q0| + |q1| > limit; nk holds
+    integer codes (any dtype); counted in int16 (|q| <= 256 there), the cheapest exact type."""
+    p = _pairs(nk.to(torch.int16))
+    q0, q1 = p[..., 0], p[..., 1]
+    over = (q0.abs() + q1.abs()).gt_(limit)
+    over &= (q0 > 0) == (q1 > 0)
+    over &= (q0 != 0) & (q1 != 0)
+    return over.reshape(-1).nonzero().squeeze(1)
+
+
 def limit_pair_sums(real_codes: torch.Tensor, codes: torch.Tensor, layout: WeightLayout,
                     limit: int = PAIR_LIMIT, max_code: int = 127) -> torch.Tensor:
     """Integer weights with |q0| + |q1| <= limit in every same-sign pair (no int16 pair saturation).
 
     real_codes: w / scale (unrounded), codes: the rounded codes. A pair over the limit moves to the
     closest point of |q0| + |q1| = limit (both magnitudes lowered by the same amount, then rounded);
-    other pairs are unchanged.
+    other pairs are unchanged.  Only the pairs over the limit are gathered, computed (float64) and written.
     """
-    nk = layout.to_nk(codes).to(torch.float64)
-    q = _pairs(nk).clone()
-    over = (q[..., 0] * q[..., 1] > 0) & (q.abs().sum(-1) > limit)
-    if not bool(over.any()):
+    nk = layout.to_nk(codes)
+    idx = _over_pair_index(nk, limit)
+    if idx.numel() == 0:
         return codes
-    v = _pairs(layout.to_nk(real_codes).to(torch.float64))[over].abs()
-    sign = torch.sign(q[over][:, 0])
+    v = _pairs(layout.to_nk(real_codes)).reshape(-1, 2).index_select(0, idx).to(torch.float64).abs()
+    q = _pairs(nk.to(torch.float64))
+    flat_pairs = q.reshape(-1, 2)
+    sign = torch.sign(flat_pairs[idx, 0])
     m0 = v[:, 0] - (v.sum(-1) - limit) / 2
     r0 = torch.round(m0.clamp(limit - max_code, max_code))
-    q[over] = torch.stack([r0, limit - r0], -1) * sign[:, None]
-    flat = q.reshape(q.shape[0], -1)[:, : nk.shape[1]]
+    flat_pairs.index_copy_(0, idx, torch.stack([r0, limit - r0], -1) * sign[:, None])
+    flat = flat_pairs.reshape(q.shape[0], -1)[:, : nk.shape[1]]
     return layout.from_nk(flat, codes.shape).to(codes.dtype)
 
 
@@ -204,6 +216,60 @@ class PairSumLimit:
         return limit_pair_sums(real_codes, codes, self.layout, self.limit)
 
 
+def _row_params(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                layout: WeightLayout) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Scale and zero point (float64) of each row of layout.to_nk(x): scalars per tensor, [rows] per channel
+    when the channel axis is the kernel's output dim N; None when the params do not map onto rows."""
+    if scale.numel() == 1 and zero_point.numel() == 1:
+        return scale.to(torch.float64).reshape(()), zero_point.to(torch.float64).reshape(())
+    if spec.granularity is not Granularity.PER_CHANNEL or spec.axis is None or x.dim() < 2:
+        return None
+    axis = spec.axis % x.dim()
+    if layout.kind is LayoutKind.ROWS:
+        if axis != x.dim() - 1:
+            return None
+        repeat = x[..., 0, 0].numel()  # rows are (leading..., n)
+    elif axis == 0:
+        repeat = 1
+    else:
+        return None
+
+    def per_row(p: torch.Tensor) -> torch.Tensor:
+        p = p.to(torch.float64).reshape(-1)
+        p = p.expand(x.shape[axis]) if p.numel() == 1 else p
+        return p.repeat(repeat) if repeat > 1 else p
+
+    return per_row(scale), per_row(zero_point)
+
+
+def _limit_nk_(q: torch.Tensor, x_nk: torch.Tensor, s_row: torch.Tensor, z_row: torch.Tensor, limit: int,
+               max_code: int = 127) -> bool:
+    """limit_pair_sums on an [N, K'] float64 code matrix `q` (K' even, edited in place), the real codes of the
+    pairs over the limit computed only there from x_nk [N, K'] (float) and the per-row (or scalar) scale and
+    zero point: real = x / s - z in float64, as limit_pair_sums' callers compute it. False when no pair is over."""
+    idx = _over_pair_index(q, limit)
+    if idx.numel() == 0:
+        return False
+    pairs = q.view(-1, 2)
+    xv = x_nk.reshape(-1, 2).index_select(0, idx).to(torch.float64)
+    if s_row.dim():
+        rows = torch.div(idx, q.shape[1] // 2, rounding_mode="floor")
+        v = (xv / s_row[rows, None] - z_row[rows, None]).abs()
+    else:
+        v = (xv / s_row - z_row).abs()
+    sign = torch.sign(pairs[idx, 0])
+    m0 = v[:, 0] - (v.sum(-1) - limit) / 2
+    r0 = torch.round(m0.clamp(limit - max_code, max_code))
+    pairs.index_copy_(0, idx, torch.stack([r0, limit - r0], -1) * sign[:, None])
+    return True
+
+
+def _even_nk(t: torch.Tensor, layout: WeightLayout) -> torch.Tensor:
+    """layout.to_nk(t), contiguous, with a zero column appended when K is odd (the pairs' padding)."""
+    nk = layout.to_nk(t)
+    return F.pad(nk, (0, 1)) if nk.shape[-1] % 2 else nk.contiguous()
+
+
 def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                      limit: PairSumLimit | None) -> torch.Tensor:
     """Integer codes of x under spec, then `limit` applied (None: plain core.ops.quantize)."""
@@ -212,6 +278,13 @@ def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Ten
     codes = quantize(x, scale, zero_point, spec)
     if limit is None:
         return codes
+    rows = _row_params(x, scale, zero_point, spec, limit.layout)
+    if rows is not None:  # only the pairs over the limit are computed, in the kernel's [N, K] order
+        q = _even_nk(codes, limit.layout).to(torch.float64)
+        if not _limit_nk_(q, _even_nk(x, limit.layout), *rows, limit.limit):
+            return codes
+        k = codes.numel() // q.shape[0]
+        return limit.layout.from_nk(q[:, :k], codes.shape).to(codes.dtype)
     s = scale.to(torch.float64)
     if s.numel() > 1 and spec.axis is not None:
         shape = [1] * x.dim()
@@ -230,6 +303,14 @@ def pair_limited_scale(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.T
     """
     top = (spec.qmax - spec.qmin) / 2 / 64
     factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), steps, dtype=torch.float64)
+    if _row_params(x, scale, zero_point, spec, limit.layout) is not None:
+        return _pair_limited_scale_nk(x, scale, zero_point, spec, limit, factors)
+    return _pair_limited_scale_any(x, scale, zero_point, spec, limit, factors)
+
+
+def _pair_limited_scale_any(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                            limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
+    """pair_limited_scale in x's own layout (any params; quantize_limited per step)."""
     per_channel = scale.numel() > 1 and spec.axis is not None
     axis = spec.axis % x.dim() if per_channel else None
     reduce = [d for d in range(x.dim()) if d != axis]
@@ -241,6 +322,50 @@ def pair_limited_scale(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.T
         sb = s.double().reshape([-1 if d == axis else 1 for d in range(x.dim())]) if per_channel else s.double()
         zb = zero_point.double().reshape(sb.shape) if per_channel else zero_point.double()
         err = ((x.double() - (codes - zb) * sb) ** 2).sum(reduce) if reduce else (x.double() - (codes - zb) * sb) ** 2
+        err = err.reshape(scale.shape)
+        if best_err is None:
+            best_err = err
+            continue
+        better = err < best_err
+        best = torch.where(better, s, best)
+        best_err = torch.where(better, err, best_err)
+    return best
+
+
+def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                           limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
+    """pair_limited_scale searched in the kernel's [N, K] order (one layout change, not one per step): the same
+    codes per element; the errors are the same float64 terms summed per row (then per channel)."""
+    from netquant.core.ops import quantize
+
+    x_nk = limit.layout.to_nk(x).contiguous()
+    k = x_nk.shape[1]
+    x_even = F.pad(x_nk, (0, 1)) if k % 2 else x_nk
+    x64 = x_nk.to(torch.float64)
+    per_channel = scale.numel() > 1
+    spec_nk = spec.with_(axis=0) if per_channel else spec
+    channels = scale.numel()
+    repeat = x_nk.shape[0] // channels
+    z_q = zero_point
+    if per_channel:
+        z_q = zero_point.reshape(-1).expand(channels) if zero_point.numel() == 1 else zero_point.reshape(-1)
+        z_q = z_q.repeat(repeat)
+    best_err: torch.Tensor | None = None
+    best = scale.clone()
+    for f in factors:
+        s = (scale.double() * f).to(scale.dtype)
+        s_row, z_row = _row_params(x, s, zero_point, spec, limit.layout)  # type: ignore[misc]
+        s_q = s.reshape(-1).repeat(repeat) if per_channel else s
+        q = quantize(x_nk, s_q, z_q, spec_nk).to(torch.float64)
+        q_even = F.pad(q, (0, 1)) if k % 2 else q  # the pad code is 0, as limit_pair_sums pads
+        _limit_nk_(q_even, x_even, s_row, z_row, limit.limit)
+        q = q_even[:, :k]
+        if s_row.dim():
+            d = q.sub(z_row[:, None]).mul_(s_row[:, None])
+        else:
+            d = q.sub(z_row).mul_(s_row)
+        err = torch.sub(x64, d).pow_(2).sum(1)
+        err = err.reshape(-1, channels).sum(0) if per_channel else err.sum()
         err = err.reshape(scale.shape)
         if best_err is None:
             best_err = err
