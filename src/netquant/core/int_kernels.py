@@ -87,6 +87,10 @@ def _over_pair_index(nk: torch.Tensor, limit: int) -> torch.Tensor:
     integer codes (any dtype); counted in int16 (|q| <= 256 there), the cheapest exact type."""
     p = _pairs(nk.to(torch.int16))
     q0, q1 = p[..., 0], p[..., 1]
+    if nk.dtype == torch.int8 and limit >= 128:
+        # |q| <= 128 <= limit: a pair of opposite signs (or with a 0) has |q0 + q1| <= limit, a same-sign pair
+        # |q0 + q1| = |q0| + |q1|; so over <=> |q0 + q1| > limit
+        return torch.add(q0, q1).abs_().gt_(limit).reshape(-1).nonzero().squeeze(1)
     over = (q0.abs() + q1.abs()).gt_(limit)
     over &= (q0 > 0) == (q1 > 0)
     over &= (q0 != 0) & (q1 != 0)
@@ -242,22 +246,23 @@ def _row_params(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, 
     return per_row(scale), per_row(zero_point)
 
 
-def _limit_nk_(q: torch.Tensor, x_nk: torch.Tensor, s_row: torch.Tensor, z_row: torch.Tensor, limit: int,
-               max_code: int = 127) -> bool:
-    """limit_pair_sums on an [N, K'] float64 code matrix `q` (K' even, edited in place), the real codes of the
+def _limit_nk_(q: torch.Tensor, codes: torch.Tensor, x_nk: torch.Tensor, s_row: torch.Tensor, z_row: torch.Tensor,
+               limit: int, max_code: int = 127) -> bool:
+    """limit_pair_sums on an [N, K'] float64 code matrix `q` (K' even, edited in place; `codes`: the same codes in
+    their storage dtype, tested for pairs over the limit), the real codes of the
     pairs over the limit computed only there from x_nk [N, K'] (float) and the per-row (or scalar) scale and
     zero point: real = x / s - z in float64, as limit_pair_sums' callers compute it. False when no pair is over."""
-    idx = _over_pair_index(q, limit)
+    idx = _over_pair_index(codes, limit)
     if idx.numel() == 0:
         return False
     pairs = q.view(-1, 2)
     xv = x_nk.reshape(-1, 2).index_select(0, idx).to(torch.float64)
     if s_row.dim():
         rows = torch.div(idx, q.shape[1] // 2, rounding_mode="floor")
-        v = (xv / s_row[rows, None] - z_row[rows, None]).abs()
+        v = (xv / s_row.index_select(0, rows)[:, None] - z_row.index_select(0, rows)[:, None]).abs()
     else:
         v = (xv / s_row - z_row).abs()
-    sign = torch.sign(pairs[idx, 0])
+    sign = torch.sign(pairs[:, 0].index_select(0, idx))
     m0 = v[:, 0] - (v.sum(-1) - limit) / 2
     r0 = torch.round(m0.clamp(limit - max_code, max_code))
     pairs.index_copy_(0, idx, torch.stack([r0, limit - r0], -1) * sign[:, None])
@@ -280,8 +285,9 @@ def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Ten
         return codes
     rows = _row_params(x, scale, zero_point, spec, limit.layout)
     if rows is not None:  # only the pairs over the limit are computed, in the kernel's [N, K] order
-        q = _even_nk(codes, limit.layout).to(torch.float64)
-        if not _limit_nk_(q, _even_nk(x, limit.layout), *rows, limit.limit):
+        codes_nk = _even_nk(codes, limit.layout)
+        q = codes_nk.to(torch.float64)
+        if not _limit_nk_(q, codes_nk, _even_nk(x, limit.layout), *rows, limit.limit):
             return codes
         k = codes.numel() // q.shape[0]
         return limit.layout.from_nk(q[:, :k], codes.shape).to(codes.dtype)
@@ -332,45 +338,55 @@ def _pair_limited_scale_any(x: torch.Tensor, scale: torch.Tensor, zero_point: to
     return best
 
 
+_SEARCH_CHUNK_ELEMS = 1 << 18  # scale-search steps evaluated together (small weights): at most this many elements
+
+
 def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                            limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
-    """pair_limited_scale searched in the kernel's [N, K] order (one layout change, not one per step): the same
-    codes per element; the errors are the same float64 terms summed per row (then per channel)."""
+    """pair_limited_scale searched in the kernel's [N, K] order (one layout change, not one per step), several
+    steps stacked row-wise into one [steps * N, K] matrix when small: the same codes per element; the errors are
+    the same float64 terms summed per row (then per channel), compared step after step as before."""
     from netquant.core.ops import quantize
 
     x_nk = limit.layout.to_nk(x).contiguous()
-    k = x_nk.shape[1]
+    n, k = x_nk.shape
     x_even = F.pad(x_nk, (0, 1)) if k % 2 else x_nk
-    x64 = x_nk.to(torch.float64)
     per_channel = scale.numel() > 1
-    spec_nk = spec.with_(axis=0) if per_channel else spec
     channels = scale.numel()
-    repeat = x_nk.shape[0] // channels
-    z_q = zero_point
-    if per_channel:
-        z_q = zero_point.reshape(-1).expand(channels) if zero_point.numel() == 1 else zero_point.reshape(-1)
-        z_q = z_q.repeat(repeat)
+    repeat = n // channels
+    spec_rows = spec.with_(granularity=Granularity.PER_CHANNEL, axis=0, group_size=None)  # one scale per row
+    z_rows_q = zero_point.reshape(-1).to(torch.int32).expand(channels).repeat(repeat) if zero_point.numel() == 1 \
+        else zero_point.reshape(-1).to(torch.int32).repeat(repeat)
+    zero_free = not bool(zero_point.any())  # (q - 0) * s == q * s: the subtraction is skipped
+    scales = [(scale.double() * f).to(scale.dtype) for f in factors]
+    chunk = max(1, _SEARCH_CHUNK_ELEMS // max(1, x_nk.numel()))
+    x64 = x_nk.to(torch.float64)
     best_err: torch.Tensor | None = None
     best = scale.clone()
-    for f in factors:
-        s = (scale.double() * f).to(scale.dtype)
-        s_row, z_row = _row_params(x, s, zero_point, spec, limit.layout)  # type: ignore[misc]
-        s_q = s.reshape(-1).repeat(repeat) if per_channel else s
-        q = quantize(x_nk, s_q, z_q, spec_nk).to(torch.float64)
-        q_even = F.pad(q, (0, 1)) if k % 2 else q  # the pad code is 0, as limit_pair_sums pads
-        _limit_nk_(q_even, x_even, s_row, z_row, limit.limit)
+    for start in range(0, len(scales), chunk):
+        group = scales[start:start + chunk]
+        g = len(group)
+        xg = x_nk.repeat(g, 1) if g > 1 else x_nk
+        xg_even = x_even.repeat(g, 1) if g > 1 else x_even
+        s_q = torch.cat([sc.reshape(-1).expand(channels).repeat(repeat) for sc in group])  # scale dtype, per row
+        s_row = s_q.to(torch.float64)
+        z_row = z_rows_q.to(torch.float64).repeat(g)
+        codes = quantize(xg, s_q, z_rows_q.repeat(g), spec_rows)
+        codes = F.pad(codes, (0, 1)) if k % 2 else codes  # the pad code is 0, as limit_pair_sums pads
+        q_even = codes.to(torch.float64)
+        _limit_nk_(q_even, codes, xg_even, s_row, z_row, limit.limit)
         q = q_even[:, :k]
-        if s_row.dim():
-            d = q.sub(z_row[:, None]).mul_(s_row[:, None])
-        else:
-            d = q.sub(z_row).mul_(s_row)
-        err = torch.sub(x64, d).pow_(2).sum(1)
-        err = err.reshape(-1, channels).sum(0) if per_channel else err.sum()
-        err = err.reshape(scale.shape)
-        if best_err is None:
-            best_err = err
-            continue
-        better = err < best_err
-        best = torch.where(better, s, best)
-        best_err = torch.where(better, err, best_err)
+        if not zero_free:
+            q = q.sub_(z_row[:, None])
+        d = torch.sub(x64.repeat(g, 1) if g > 1 else x64, q.mul_(s_row[:, None]))  # x - (q - z) * s
+        errs = d.mul_(d).sum(1).reshape(g, n)
+        errs = errs.reshape(g, repeat, channels).sum(1) if per_channel else errs.sum(1)
+        for sc, err in zip(group, errs):
+            err = err.reshape(scale.shape)
+            if best_err is None:
+                best_err = err
+                continue
+            better = err < best_err
+            best = torch.where(better, sc, best)
+            best_err = torch.where(better, err, best_err)
     return best
