@@ -63,6 +63,7 @@ class Observer(ABC):
     """
 
     name: ClassVar[str] = "observer"
+    reads_values: ClassVar[bool] = True  # False: _update reads only the batch extrema and counts
 
     def __init__(self, spec: QuantSpec | None = None, *, tensor_name: str = "tensor",
                  ignore_nonfinite: bool = False) -> None:
@@ -244,6 +245,15 @@ class Observer(ABC):
             x = x.cpu()
         if x.dtype != torch.float32:
             x = x.float()
+        if self.spec.granularity is Granularity.PER_TENSOR and not self.reads_values:
+            # extrema only: no (1, N) copy of a non-contiguous activation; Batch.values is x itself then
+            lo, hi = torch.aminmax(x)
+            if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
+                self._param_shape, self._shape_key = (), (1,)
+                self.num_batches += 1
+                self.num_values += x.numel()
+                count = torch.full((1,), float(x.numel()), dtype=torch.float64)
+                return Batch(x, None, lo.reshape(1), hi.reshape(1), count)
         view = self._layout(x)
         if view.shape[0] == 1:  # the full reduction is much faster than dim=1 on a (1, N) view
             lo, hi = torch.aminmax(view)

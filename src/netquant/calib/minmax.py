@@ -14,6 +14,8 @@ from netquant.errors import ConfigError
 class MinMaxObserver(Observer):
     """lo = min over all batches of min(x), hi = max over all batches of max(x) (per channel)."""
 
+    reads_values = False
+
     def __init__(self, spec: QuantSpec | None = None, **kw: object) -> None:
         super().__init__(spec, **kw)  # type: ignore[arg-type]
         self.min_val: torch.Tensor | None = None

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from netquant.core.spec import QuantSpec
+from netquant.core.spec import Granularity, QuantSpec
 
 PAIR_LIMIT = 128
 INT16_MIN, INT16_MAX = -32768, 32767
@@ -82,25 +82,41 @@ def count_overflow_pairs(codes: torch.Tensor, layout: WeightLayout, limit: int =
     return int(overflow_pairs(layout.to_nk(codes), limit).sum())
 
 
+def _over_pair_index(nk: torch.Tensor, limit: int) -> torch.Tensor:
+    """Flat indices (into the [N, ceil(K/2)] pairs) of same-sign pairs with |q0| + |q1| > limit; nk holds
+    integer codes (any dtype); counted in int16 (|q| <= 256 there), the cheapest exact type."""
+    p = _pairs(nk.to(torch.int16))
+    q0, q1 = p[..., 0], p[..., 1]
+    if nk.dtype == torch.int8 and limit >= 128:
+        # |q| <= 128 <= limit: a pair of opposite signs (or with a 0) has |q0 + q1| <= limit, a same-sign pair
+        # |q0 + q1| = |q0| + |q1|; so over <=> |q0 + q1| > limit
+        return torch.add(q0, q1).abs_().gt_(limit).reshape(-1).nonzero().squeeze(1)
+    over = (q0.abs() + q1.abs()).gt_(limit)
+    over &= (q0 > 0) == (q1 > 0)
+    over &= (q0 != 0) & (q1 != 0)
+    return over.reshape(-1).nonzero().squeeze(1)
+
+
 def limit_pair_sums(real_codes: torch.Tensor, codes: torch.Tensor, layout: WeightLayout,
                     limit: int = PAIR_LIMIT, max_code: int = 127) -> torch.Tensor:
     """Integer weights with |q0| + |q1| <= limit in every same-sign pair (no int16 pair saturation).
 
     real_codes: w / scale (unrounded), codes: the rounded codes. A pair over the limit moves to the
     closest point of |q0| + |q1| = limit (both magnitudes lowered by the same amount, then rounded);
-    other pairs are unchanged.
+    other pairs are unchanged.  Only the pairs over the limit are gathered, computed (float64) and written.
     """
-    nk = layout.to_nk(codes).to(torch.float64)
-    q = _pairs(nk).clone()
-    over = (q[..., 0] * q[..., 1] > 0) & (q.abs().sum(-1) > limit)
-    if not bool(over.any()):
+    nk = layout.to_nk(codes)
+    idx = _over_pair_index(nk, limit)
+    if idx.numel() == 0:
         return codes
-    v = _pairs(layout.to_nk(real_codes).to(torch.float64))[over].abs()
-    sign = torch.sign(q[over][:, 0])
+    v = _pairs(layout.to_nk(real_codes)).reshape(-1, 2).index_select(0, idx).to(torch.float64).abs()
+    q = _pairs(nk.to(torch.float64))
+    flat_pairs = q.reshape(-1, 2)
+    sign = torch.sign(flat_pairs[idx, 0])
     m0 = v[:, 0] - (v.sum(-1) - limit) / 2
     r0 = torch.round(m0.clamp(limit - max_code, max_code))
-    q[over] = torch.stack([r0, limit - r0], -1) * sign[:, None]
-    flat = q.reshape(q.shape[0], -1)[:, : nk.shape[1]]
+    flat_pairs.index_copy_(0, idx, torch.stack([r0, limit - r0], -1) * sign[:, None])
+    flat = flat_pairs.reshape(q.shape[0], -1)[:, : nk.shape[1]]
     return layout.from_nk(flat, codes.shape).to(codes.dtype)
 
 
@@ -204,6 +220,61 @@ class PairSumLimit:
         return limit_pair_sums(real_codes, codes, self.layout, self.limit)
 
 
+def _row_params(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                layout: WeightLayout) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Scale and zero point (float64) of each row of layout.to_nk(x): scalars per tensor, [rows] per channel
+    when the channel axis is the kernel's output dim N; None when the params do not map onto rows."""
+    if scale.numel() == 1 and zero_point.numel() == 1:
+        return scale.to(torch.float64).reshape(()), zero_point.to(torch.float64).reshape(())
+    if spec.granularity is not Granularity.PER_CHANNEL or spec.axis is None or x.dim() < 2:
+        return None
+    axis = spec.axis % x.dim()
+    if layout.kind is LayoutKind.ROWS:
+        if axis != x.dim() - 1:
+            return None
+        repeat = x[..., 0, 0].numel()  # rows are (leading..., n)
+    elif axis == 0:
+        repeat = 1
+    else:
+        return None
+
+    def per_row(p: torch.Tensor) -> torch.Tensor:
+        p = p.to(torch.float64).reshape(-1)
+        p = p.expand(x.shape[axis]) if p.numel() == 1 else p
+        return p.repeat(repeat) if repeat > 1 else p
+
+    return per_row(scale), per_row(zero_point)
+
+
+def _limit_nk_(q: torch.Tensor, codes: torch.Tensor, x_nk: torch.Tensor, s_row: torch.Tensor, z_row: torch.Tensor,
+               limit: int, max_code: int = 127) -> bool:
+    """limit_pair_sums on an [N, K'] float64 code matrix `q` (K' even, edited in place; `codes`: the same codes in
+    their storage dtype, tested for pairs over the limit), the real codes of the
+    pairs over the limit computed only there from x_nk [N, K'] (float) and the per-row (or scalar) scale and
+    zero point: real = x / s - z in float64, as limit_pair_sums' callers compute it. False when no pair is over."""
+    idx = _over_pair_index(codes, limit)
+    if idx.numel() == 0:
+        return False
+    pairs = q.view(-1, 2)
+    xv = x_nk.reshape(-1, 2).index_select(0, idx).to(torch.float64)
+    if s_row.dim():
+        rows = torch.div(idx, q.shape[1] // 2, rounding_mode="floor")
+        v = (xv / s_row.index_select(0, rows)[:, None] - z_row.index_select(0, rows)[:, None]).abs()
+    else:
+        v = (xv / s_row - z_row).abs()
+    sign = torch.sign(pairs[:, 0].index_select(0, idx))
+    m0 = v[:, 0] - (v.sum(-1) - limit) / 2
+    r0 = torch.round(m0.clamp(limit - max_code, max_code))
+    pairs.index_copy_(0, idx, torch.stack([r0, limit - r0], -1) * sign[:, None])
+    return True
+
+
+def _even_nk(t: torch.Tensor, layout: WeightLayout) -> torch.Tensor:
+    """layout.to_nk(t), contiguous, with a zero column appended when K is odd (the pairs' padding)."""
+    nk = layout.to_nk(t)
+    return F.pad(nk, (0, 1)) if nk.shape[-1] % 2 else nk.contiguous()
+
+
 def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                      limit: PairSumLimit | None) -> torch.Tensor:
     """Integer codes of x under spec, then `limit` applied (None: plain core.ops.quantize)."""
@@ -212,6 +283,14 @@ def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Ten
     codes = quantize(x, scale, zero_point, spec)
     if limit is None:
         return codes
+    rows = _row_params(x, scale, zero_point, spec, limit.layout)
+    if rows is not None:  # only the pairs over the limit are computed, in the kernel's [N, K] order
+        codes_nk = _even_nk(codes, limit.layout)
+        q = codes_nk.to(torch.float64)
+        if not _limit_nk_(q, codes_nk, _even_nk(x, limit.layout), *rows, limit.limit):
+            return codes
+        k = codes.numel() // q.shape[0]
+        return limit.layout.from_nk(q[:, :k], codes.shape).to(codes.dtype)
     s = scale.to(torch.float64)
     if s.numel() > 1 and spec.axis is not None:
         shape = [1] * x.dim()
@@ -230,6 +309,14 @@ def pair_limited_scale(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.T
     """
     top = (spec.qmax - spec.qmin) / 2 / 64
     factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), steps, dtype=torch.float64)
+    if _row_params(x, scale, zero_point, spec, limit.layout) is not None:
+        return _pair_limited_scale_nk(x, scale, zero_point, spec, limit, factors)
+    return _pair_limited_scale_any(x, scale, zero_point, spec, limit, factors)
+
+
+def _pair_limited_scale_any(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                            limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
+    """pair_limited_scale in x's own layout (any params; quantize_limited per step)."""
     per_channel = scale.numel() > 1 and spec.axis is not None
     axis = spec.axis % x.dim() if per_channel else None
     reduce = [d for d in range(x.dim()) if d != axis]
@@ -248,4 +335,58 @@ def pair_limited_scale(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.T
         better = err < best_err
         best = torch.where(better, s, best)
         best_err = torch.where(better, err, best_err)
+    return best
+
+
+_SEARCH_CHUNK_ELEMS = 1 << 18  # scale-search steps evaluated together (small weights): at most this many elements
+
+
+def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
+                           limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
+    """pair_limited_scale searched in the kernel's [N, K] order (one layout change, not one per step), several
+    steps stacked row-wise into one [steps * N, K] matrix when small: the same codes per element; the errors are
+    the same float64 terms summed per row (then per channel), compared step after step as before."""
+    from netquant.core.ops import quantize
+
+    x_nk = limit.layout.to_nk(x).contiguous()
+    n, k = x_nk.shape
+    x_even = F.pad(x_nk, (0, 1)) if k % 2 else x_nk
+    per_channel = scale.numel() > 1
+    channels = scale.numel()
+    repeat = n // channels
+    spec_rows = spec.with_(granularity=Granularity.PER_CHANNEL, axis=0, group_size=None)  # one scale per row
+    z_rows_q = zero_point.reshape(-1).to(torch.int32).expand(channels).repeat(repeat) if zero_point.numel() == 1 \
+        else zero_point.reshape(-1).to(torch.int32).repeat(repeat)
+    zero_free = not bool(zero_point.any())  # (q - 0) * s == q * s: the subtraction is skipped
+    scales = [(scale.double() * f).to(scale.dtype) for f in factors]
+    chunk = max(1, _SEARCH_CHUNK_ELEMS // max(1, x_nk.numel()))
+    x64 = x_nk.to(torch.float64)
+    best_err: torch.Tensor | None = None
+    best = scale.clone()
+    for start in range(0, len(scales), chunk):
+        group = scales[start:start + chunk]
+        g = len(group)
+        xg = x_nk.repeat(g, 1) if g > 1 else x_nk
+        xg_even = x_even.repeat(g, 1) if g > 1 else x_even
+        s_q = torch.cat([sc.reshape(-1).expand(channels).repeat(repeat) for sc in group])  # scale dtype, per row
+        s_row = s_q.to(torch.float64)
+        z_row = z_rows_q.to(torch.float64).repeat(g)
+        codes = quantize(xg, s_q, z_rows_q.repeat(g), spec_rows)
+        codes = F.pad(codes, (0, 1)) if k % 2 else codes  # the pad code is 0, as limit_pair_sums pads
+        q_even = codes.to(torch.float64)
+        _limit_nk_(q_even, codes, xg_even, s_row, z_row, limit.limit)
+        q = q_even[:, :k]
+        if not zero_free:
+            q = q.sub_(z_row[:, None])
+        d = torch.sub(x64.repeat(g, 1) if g > 1 else x64, q.mul_(s_row[:, None]))  # x - (q - z) * s
+        errs = d.mul_(d).sum(1).reshape(g, n)
+        errs = errs.reshape(g, repeat, channels).sum(1) if per_channel else errs.sum(1)
+        for sc, err in zip(group, errs):
+            err = err.reshape(scale.shape)
+            if best_err is None:
+                best_err = err
+                continue
+            better = err < best_err
+            best = torch.where(better, sc, best)
+            best_err = torch.where(better, err, best_err)
     return best

@@ -137,6 +137,24 @@ def _run_ort(sess: Any, feeds: dict[str, np.ndarray], where: str) -> list[np.nda
         raise ExportError(f"exported model for '{where}' fails in onnxruntime on a validation batch: {exc}") from exc
 
 
+def calibration_fp32(qgraph: QuantizedGraph, batches: Sequence[dict[str, np.ndarray]]) -> list[dict[str, Any]] | None:
+    """The FP32 outputs calibration computed for `batches`, when they are the kept calibration batches (same
+    arrays) and the graph is unchanged since (passes.calibration.graph_state); None otherwise."""
+    from netquant.passes.calibration import graph_state
+
+    kept, outputs = qgraph.validation_batches, qgraph.validation_fp32
+    if not outputs or len(outputs) != len(batches) or len(kept) != len(batches):
+        return None
+    if qgraph.validation_fp32_state != graph_state(qgraph.graph):
+        return None
+    for feeds, batch in zip(batches, kept):
+        if not isinstance(batch, Mapping) or set(batch) != set(feeds):
+            return None
+        if not all(np.array_equal(feeds[k], _to_numpy(batch[k])) for k in feeds):
+            return None
+    return outputs
+
+
 def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str,
                           min_cosine: float, accumulation: Accumulation = Accumulation.EXACT,
                           max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO) -> dict[str, Agreement]:
@@ -145,13 +163,15 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     accepted (Agreement.accepted)."""
     runs: dict[str, dict[str, list[np.ndarray]]] = {}
     fq_ex = qgraph.executor(fake_quant=True, accumulation=accumulation)
-    fp_ex = qgraph.executor(fake_quant=False)
+    cached = calibration_fp32(qgraph, batches)
+    fp_ex = qgraph.executor(fake_quant=False) if cached is None else None
     names = [m.name for m in sess.get_outputs()]
-    for feeds in batches:
+    for i, feeds in enumerate(batches):
         got = _run_ort(sess, feeds, where)
         torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
         with torch.no_grad():
-            fq, fp = fq_ex.run(torch_feeds), fp_ex.run(torch_feeds)
+            fq = fq_ex.run(torch_feeds)
+            fp = cached[i] if cached is not None else fp_ex.run(torch_feeds)  # type: ignore[union-attr]
         for name, y in zip(names, got):
             if name not in fq:
                 continue

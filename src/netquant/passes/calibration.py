@@ -20,12 +20,20 @@ from netquant.core.int_kernels import pair_limited_scale
 from netquant.core.qparams import QParams
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
-from netquant.graph import Executor, Node
+from netquant.graph import Executor, Graph, Node
 from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.flat_ranges import FlatRanges
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
+
+
+def graph_state(graph: Graph) -> tuple[Any, ...]:
+    """What FP32 outputs depend on: every node (identity, op, wiring, attributes' identity) and initializer
+    (identity and torch's in-place version counter); equal states -> the executor computes the same outputs."""
+    nodes = tuple((id(n), n.op_type, tuple(n.inputs), tuple(n.outputs), id(n.attrs)) for n in graph.nodes)
+    inits = tuple((k, id(t), getattr(t, "_version", 0)) for k, t in graph.initializers.items())
+    return id(graph), nodes, inits
 
 
 def _needs_params(cfg: TensorQuantConfig | None) -> bool:
@@ -112,13 +120,20 @@ class CalibrationPass(PassBase):
         ex.add_pre_hook(pre)
         ex.add_post_hook(post)
         data = ctx.calib_data
+        keep_outputs = ex.device.type == "cpu" and not qgraph.validation_batches  # validation runs on the CPU
         with torch.no_grad():
             for batch in ctx.track(data, "calibrating", total=data.num_batches):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
                 if len(qgraph.validation_batches) < VALIDATION_BATCHES:
                     qgraph.validation_batches.append(batch)
-                ex.run(batch)
+                    outputs = ex.run(batch)
+                    if keep_outputs:  # export validation's FP32 reference, not computed again there
+                        qgraph.validation_fp32.append(outputs)
+                else:
+                    ex.run(batch)
+        if keep_outputs:
+            qgraph.validation_fp32_state = graph_state(graph)
         bits = ctx.settings.range_bits
         for cfg, obs in observed:
             cfg.params = activation_params(obs, bits)

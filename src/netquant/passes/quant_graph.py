@@ -78,6 +78,9 @@ class QuantizedGraph:
         self.warnings: list[str] = list(warnings)
         self.sample_inputs: dict[str, torch.Tensor] | None = None  # one calibration batch (export checks)
         self.validation_batches: list[dict[str, torch.Tensor]] = []  # the first calibration batches (export checks)
+        # calibration: the FP32 graph outputs of validation_batches and the graph_state they were computed on
+        self.validation_fp32: list[dict[str, Any]] = []
+        self.validation_fp32_state: tuple[Any, ...] | None = None
         # facts recorded by the passes (each written by one pass, read by later passes and reports)
         self.shared_scale_groups: list[list[TensorQuantConfig]] = []  # quantizer: configs sharing one scale
         self.fusions: dict[str, str] = {}  # quantizer: fused chain tail op -> head op

@@ -54,6 +54,22 @@ def floats(t: torch.Tensor | Sequence[float] | None) -> list[float]:
     return [float(v) for v in t]
 
 
+def broadcast_shape(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """numpy broadcasting of `shapes` (torch.broadcast_shapes without its first-call import of sympy, ~2 s);
+    ValueError naming the shapes when they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for shape in shapes:
+        for i, d in enumerate(shape, rank - len(shape)):
+            d = int(d)
+            if d == out[i] or d == 1:
+                continue
+            if out[i] != 1:
+                raise ValueError(f"shapes {[tuple(s) for s in shapes]} do not broadcast")
+            out[i] = d
+    return tuple(out)
+
+
 def opt(inputs: Sequence[Any], i: int) -> Any:
     """inputs[i] or None when absent."""
     return inputs[i] if i < len(inputs) else None

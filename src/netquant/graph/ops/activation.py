@@ -61,7 +61,7 @@ def sigmoid(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) 
 def hard_sigmoid(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """y = clamp(alpha * x + beta, 0, 1)."""
     alpha, beta = attrs.get("alpha", 0.2), attrs.get("beta", 0.5)
-    return [torch.clamp(inputs[0] * alpha + beta, 0.0, 1.0)]
+    return [torch.mul(inputs[0], alpha).add_(beta).clamp_(0.0, 1.0)]  # one buffer, same values
 
 
 @register_op("HardSwish")

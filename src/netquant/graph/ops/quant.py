@@ -21,7 +21,7 @@ from netquant.core.int_kernels import (
 from netquant.errors import UnsupportedOpError
 from netquant.graph.dtypes import COMPUTED_STAND_IN, SUB_BYTE_RANGE
 
-from ._util import FLOAT8, axis_of, elem_type_of, onnx_dtype, opt
+from ._util import FLOAT8, axis_of, broadcast_shape, elem_type_of, onnx_dtype, opt
 from .cast import to_float4_e2m1, to_float8
 from .conv import conv_nd, resolve_pads
 from .registry import OpContext, register_op
@@ -146,7 +146,7 @@ def _matmul_saturation(a: Tensor, b: Tensor, layout: LayoutKind = LayoutKind.ROW
     """Saturation term of raw codes a [..., M, K] times b ([..., K, N], or [N, K] for COLS)."""
     if b.dim() <= 2:
         return pairwise_correction(a, WeightLayout(layout).to_nk(b))
-    lead = torch.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    lead = broadcast_shape(a.shape[:-2], b.shape[:-2])
     a_b, b_b = a.expand(*lead, *a.shape[-2:]), b.expand(*lead, *b.shape[-2:])
     parts = [pairwise_correction(x, WeightLayout(layout).to_nk(w))
              for x, w in zip(a_b.reshape(-1, *a.shape[-2:]), b_b.reshape(-1, *b.shape[-2:]))]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from netquant.errors import UnsupportedOpError
 
-from ._util import WIDE_UNSIGNED, axes_of, axis_of, ints, onnx_dtype, opt, widen
+from ._util import WIDE_UNSIGNED, axes_of, axis_of, broadcast_shape, ints, onnx_dtype, opt, widen
 from .registry import OpContext, register_op
 
 Tensor = torch.Tensor
@@ -92,7 +92,7 @@ def transpose(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext
 def expand(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """Broadcast x against `shape` (numpy rules, shape dims of 1 keep x's dim)."""
     x, shape = inputs[0], ints(inputs[1])
-    out_shape = torch.broadcast_shapes(tuple(x.shape), tuple(shape))
+    out_shape = broadcast_shape(x.shape, shape)
     return [x.expand(out_shape)]
 
 

@@ -1,0 +1,57 @@
+"""The [N, K]-order fast paths of quantize_limited / pair_limited_scale equal the layout-generic computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netquant.core import int_kernels as ik
+from netquant.core.ops import quantize
+from netquant.core.spec import QuantSpec
+
+CASES = [  # (weight shape, layout, per-channel axis or None)
+    ((96, 40), ik.LayoutKind.ROWS, 1),  # MatMul B [K, N], per output column
+    ((40, 96), ik.LayoutKind.COLS, 0),  # Gemm transB [N, K]
+    ((16, 6, 3, 3), ik.LayoutKind.CONV_NHWC, 0),  # K = 54
+    ((16, 3, 3, 3), ik.LayoutKind.CONV_NHWC, 0),  # odd K = 27: padded pair
+    ((3, 31, 12), ik.LayoutKind.ROWS, 2),  # batched MatMul B, odd K
+    ((64, 48), ik.LayoutKind.ROWS, None),  # per tensor
+]
+
+
+def _weight_and_scale(shape: tuple[int, ...], axis: int | None) -> tuple[torch.Tensor, torch.Tensor, QuantSpec]:
+    gen = torch.Generator().manual_seed(sum(shape))
+    w = torch.randn(shape, generator=gen) * torch.rand(shape, generator=gen).pow(4) * 3  # heavy tails: pairs over
+    if axis is None:
+        return w, (w.abs().max() / 127).reshape(()), QuantSpec.int8()
+    amax = w.abs().amax(dim=[d for d in range(w.dim()) if d != axis])
+    return w, amax / 127, QuantSpec.int8_per_channel(axis=axis)
+
+
+@pytest.mark.parametrize(("shape", "kind", "axis"), CASES)
+def test_quantize_limited_matches_limit_pair_sums(shape: tuple[int, ...], kind: ik.LayoutKind,
+                                                  axis: int | None) -> None:
+    w, scale, spec = _weight_and_scale(shape, axis)
+    zp = torch.zeros_like(scale, dtype=torch.int32)
+    layout = ik.WeightLayout(kind)
+    codes = quantize(w, scale, zp, spec)
+    s = scale.double().reshape([-1 if d == axis else 1 for d in range(w.dim())]) if axis is not None else scale.double()
+    reference = ik.limit_pair_sums(w.double() / s, codes, layout)  # the documented formula, whole tensor
+    assert ik.count_overflow_pairs(codes, layout) > 0 and ik.count_overflow_pairs(reference, layout) == 0
+    got = ik.quantize_limited(w, scale, zp, spec, ik.PairSumLimit(layout))
+    assert torch.equal(got, reference)
+
+
+@pytest.mark.parametrize(("shape", "kind", "axis"), CASES)
+def test_pair_limited_scale_fast_path_matches_generic(shape: tuple[int, ...], kind: ik.LayoutKind,
+                                                      axis: int | None) -> None:
+    w, scale, spec = _weight_and_scale(shape, axis)
+    zp = torch.zeros_like(scale, dtype=torch.int32)
+    limit = ik.PairSumLimit(ik.WeightLayout(kind))
+    assert ik._row_params(w, scale, zp, spec, limit.layout) is not None  # the fast path applies
+    top = (spec.qmax - spec.qmin) / 2 / 64  # as pair_limited_scale
+    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
+    generic = ik._pair_limited_scale_any(w, scale, zp, spec, limit, factors)
+    fast = ik.pair_limited_scale(w, scale, zp, spec, limit)
+    assert torch.equal(fast, generic)
+    assert not torch.equal(fast, scale)  # the search moved some scale

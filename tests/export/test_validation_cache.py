@@ -1,0 +1,47 @@
+"""Export validation reuses calibration's FP32 outputs of the kept batches: same numbers as running them again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import netquant
+from netquant.export import export_qdq
+from netquant.export.validate import calibration_fp32, validation_feeds
+from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
+
+
+def _quantized() -> netquant.QuantizedModel:
+    return netquant.quantize_onnx(conv_relu_gemm(), calib_batches((4, 3, 8, 8), n=5), quiet=True, batch_size=4)
+
+
+def test_calibration_keeps_the_fp32_outputs_of_the_validation_batches() -> None:
+    qgraph = _quantized().qgraph
+    assert len(qgraph.validation_batches) == len(qgraph.validation_fp32) == 3
+    fresh = qgraph.executor(fake_quant=False)
+    for batch, kept in zip(qgraph.validation_batches, qgraph.validation_fp32, strict=True):
+        with torch.no_grad():
+            y = fresh.run(batch)["y"]
+        assert torch.equal(kept["y"], y)  # bit for bit what validation would compute
+
+
+def test_export_agreement_is_the_same_with_and_without_the_cache(tmp_path: Path) -> None:
+    qm = _quantized()
+    assert calibration_fp32(qm.qgraph, validation_feeds(qm.qgraph)) is not None
+    cached = export_qdq(qm, tmp_path / "a.onnx", check_kernels=False)
+    qm.qgraph.validation_fp32 = []  # no cache: validation runs the FP32 executor itself
+    fresh = export_qdq(qm, tmp_path / "b.onnx", check_kernels=False)
+    assert cached.output_cosine == fresh.output_cosine
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+def test_cache_is_not_used_for_other_feeds_or_an_edited_graph() -> None:
+    qgraph = _quantized().qgraph
+    feeds = validation_feeds(qgraph)
+    other = [{k: v + np.float32(1) for k, v in f.items()} for f in feeds]
+    assert calibration_fp32(qgraph, other) is None
+    assert calibration_fp32(qgraph, feeds[:1]) is None
+    qgraph.graph.initializers["W"].mul_(2)  # an in-place edit after calibration
+    assert calibration_fp32(qgraph, feeds) is None
