@@ -35,6 +35,7 @@ class ExportKind(enum.StrEnum):
     QDQ = "qdq"  # ONNX QuantizeLinear / DequantizeLinear model
     JSON = "json"  # every tensor's quantization params
     TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
+    TFLITE = "tflite"  # TFLite / LiteRT flatbuffer (int8 ops, NHWC input)
 
 
 class QuantizedModel:
@@ -169,17 +170,21 @@ class QuantizedModel:
         return errors
 
     # ---- export ----------------------------------------------------------------------------
-    def export(self, path: str | Path, format: ExportKind | str = ExportKind.QDQ, **kwargs: Any) -> Any:
-        """Write the model: ONNX QDQ, quant-params JSON or TensorRT calibration cache (ExportKind)."""
+    def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
+        """Write the model: ONNX QDQ, quant-params JSON, TensorRT calibration cache or TFLite (ExportKind;
+        None: TFLite for a .tflite path, else QDQ)."""
         from netquant import export
 
+        if format is None:
+            format = ExportKind.TFLITE if Path(path).suffix.lower() == ".tflite" else ExportKind.QDQ
         try:
             fmt = ExportKind(format)
         except ValueError:
             raise ConfigError(f"unknown export format '{format}'; choose one of "
                               f"{', '.join(f.value for f in ExportKind)}") from None
         writer = {ExportKind.QDQ: export.export_qdq, ExportKind.JSON: export.export_quant_params_json,
-                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache}[fmt]
+                  ExportKind.TENSORRT_CACHE: export.export_trt_calibration_cache,
+                  ExportKind.TFLITE: export.export_tflite}[fmt]
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         OutputPlan.create([("export path", path, f"{fmt.value} file")],
                           inputs=model_files(source) if source is not None else (), error=ExportError)

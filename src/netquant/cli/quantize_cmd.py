@@ -96,6 +96,7 @@ class RunFacts:
     seconds: dict[str, float]
     validated_with: str = ""
     cpu_target: str | None = None
+    engine: str = "onnxruntime"
     extra_files: list[Path] = field(default_factory=list)
 
 
@@ -118,9 +119,9 @@ def summary_table(f: RunFacts) -> Table:
     by_type = ", ".join(f"{k} {v}" for k, v in f.by_type.items())
     t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
     kernels = f.int8_kernels
-    t.add_row("int8 kernels in onnxruntime",
+    t.add_row(f"int8 kernels in {f.engine}",
               "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
-                                                     or "none: onnxruntime runs this model in float"))
+                                                     or f"none: {f.engine} runs this model in float"))
     if f.runtime_qdq is not None:
         t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
@@ -144,7 +145,7 @@ def summary_table(f: RunFacts) -> Table:
               help="Target platform (see `netquant platforms`).")
 @click.option("--calib", required=True, help="Folder of images, .npy/.npz file or folder, or 'random'.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
-              help="Quantized ONNX (QDQ) file to write.")
+              help="Quantized ONNX (QDQ) file to write; *.tflite writes a TFLite/LiteRT model (NHWC input).")
 @click.option("--num-calib", type=click.IntRange(min=1), default=None, help="Use at most this many samples.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--observer", default=None, help="Activation observer (default: the platform's).")
@@ -192,8 +193,12 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    tflite = output.suffix.lower() == ".tflite"
+    if tflite and (platform.activation.is_float or (platform.activation.bits, platform.activation.signed) != (8, True)):
+        raise ConfigError(f"-o {output}: a .tflite file needs int8 activations; platform '{platform.name}' uses "
+                          f"{platform.activation.describe()}. Use --platform tflite_int8")
     plan = OutputPlan.create(
-        [("-o", output, "ONNX model"), ("--json", json_path, "quant-params JSON"),
+        [("-o", output, "TFLite model" if tflite else "ONNX model"), ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
         inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else [])])
     inputs = model_inputs(model)
@@ -233,9 +238,13 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     with plan.staged() as stage:
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
-            report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset,
-                                                              sample=None if qmodel.qgraph.validation_batches
-                                                              else batches[0]))
+            sample = None if qmodel.qgraph.validation_batches else batches[0]
+            if tflite:
+                from netquant.export.tflite import export_tflite
+
+                report = stage.write("-o", lambda p: export_tflite(qmodel.qgraph, p, sample=sample))
+            else:
+                report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset, sample=sample))
         if json_path is not None:
             stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
         if trt_cache is not None:
@@ -253,6 +262,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=output.stat().st_size,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
         cosine=report.output_cosine, validated_with=report.validated_with, cpu_target=report.cpu_target,
+        engine="LiteRT" if tflite else "onnxruntime",
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
         extra_files=extra)

@@ -1,4 +1,4 @@
-"""netquant.export: ONNX QDQ models, quant-params JSON and TensorRT calibration caches.
+"""netquant.export: ONNX QDQ models, TFLite models, quant-params JSON and TensorRT calibration caches.
 
 Every file is validated before it is written and written whole or not at all.
 """
@@ -12,13 +12,16 @@ from netquant.export.params import (
     scale_hex,
     trt_scales,
 )
+from netquant.export.tflite import TfliteExportReport, export_tflite
 
 __all__ = [
     "INT8_KERNEL_OPS",
     "ExportReport",
+    "TfliteExportReport",
     "build_qdq_model",
     "export_qdq",
     "export_quant_params_json",
+    "export_tflite",
     "export_trt_calibration_cache",
     "ort_int8_kernels",
     "ort_optimized_op_types",

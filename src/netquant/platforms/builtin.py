@@ -8,6 +8,8 @@ fixed-point scheme, PPQ's ACADEMIC platform.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from netquant.core import presets
 from netquant.core.spec import QuantSpec, RoundingPolicy, ScaleConstraint
 from netquant.platforms.platform import (
@@ -23,6 +25,10 @@ from netquant.platforms.platform import (
 )
 from netquant.platforms.registry import register_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme
+
+if TYPE_CHECKING:  # pragma: no cover
+    from netquant.graph import Graph
+    from netquant.graph.op_config import OpQuantConfig
 
 _BUILTIN: list[Platform] = []
 
@@ -152,11 +158,42 @@ OPENVINO_INT8 = _builtin(Platform(
 
 
 # ---- TFLite / LiteRT full-integer int8 ---------------------------------------------------------
+# TFLite's int8 kernels (its quantization spec, lite/kernels/*.cc): SOFTMAX and LOGISTIC write scale 1/256, zero
+# point -128, TANH 1/128, 0 (fixed below, so netquant simulates the file's params); MAX/AVERAGE_POOL_2D, RESHAPE,
+# TRANSPOSE, STRIDED_SLICE, SQUEEZE keep their input's params (pass-through), CONCATENATION one scale for inputs and
+# output (shared); ADD/MUL/SUB/MEAN requantize to any output params. Weights int8 symmetric per-channel in
+# [-127, 127], bias int32 with scale s_in * s_w.
+TFLITE_FIXED_OUTPUTS: dict[str, tuple[float, int]] = {
+    "Softmax": (1.0 / 256.0, -128),
+    "Sigmoid": (1.0 / 256.0, -128),
+    "Tanh": (1.0 / 128.0, 0),
+}
+
+
+def tflite_fixed_outputs(oc: OpQuantConfig, graph: Graph) -> None:
+    """Op hook: the output params TFLite's int8 kernels fix (TFLITE_FIXED_OUTPUTS), set before calibration."""
+    import torch
+
+    from netquant.core.qparams import QParams
+    from netquant.core.tensor_config import QuantState
+
+    fixed = TFLITE_FIXED_OUTPUTS.get(oc.op.op_type)
+    if fixed is None or not oc.outputs or oc.outputs[0] is None:
+        return
+    cfg = oc.outputs[0]
+    if cfg.state is not QuantState.INITIAL or cfg.dominated_by is not None or cfg.spec.is_float or \
+            (cfg.spec.bits, cfg.spec.signed) != (8, True):
+        return
+    cfg.params = QParams(torch.tensor(fixed[0], dtype=torch.float32), torch.tensor(fixed[1], dtype=torch.int32))
+    cfg.state = QuantState.ACTIVATED
+
+
 TFLITE_INT8 = _builtin(Platform(
     name="tflite_int8",
     description="TFLite/LiteRT full-integer: int8 affine per-tensor activations, int8 symmetric "
                 "per-channel weights in [-127, 127], int32 bias; every tensor quantized, "
-                "Concat/pooling/reshape keep their input scale",
+                "Concat/pooling/reshape keep their input scale, Softmax/Sigmoid output 1/256 (zero point -128); "
+                "exports .tflite (-o model.tflite)",
     activation=QuantSpec(bits=8, signed=True, symmetric=False),
     weight=QuantSpec.int8_per_channel(axis=0, narrow_range=True),
     bias=int32_bias_spec(),
@@ -164,8 +201,9 @@ TFLITE_INT8 = _builtin(Platform(
         *COMPUTE_RULES.values(),
         *_std(("Add", "Sub", "Mul", "Sigmoid", "Tanh", "Softmax", "HardSwish", "LeakyRelu",
                "GlobalAveragePool", "ReduceMean")),
-        *_std(("AveragePool", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
+        *_std(("MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
                "Resize", "Slice", "Gather", "Pad", "Split", "DepthToSpace", "SpaceToDepth")),
+        OpRule("AveragePool", OpRole.PASS_THROUGH),  # AVERAGE_POOL_2D int8 keeps its input's params
         OpRule("Concat", OpRole.SHARED_SCALE, None),
         OpRule("Relu", OpRole.ACTIVATION),
         OpRule("Clip", OpRole.ACTIVATION),
@@ -173,6 +211,7 @@ TFLITE_INT8 = _builtin(Platform(
     fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu"), ("Add", "Relu")),
     activation_observer="minmax",
     weight_observer="minmax",
+    op_hook=tflite_fixed_outputs,
     aliases=("tflite", "litert"),
 ))
 
