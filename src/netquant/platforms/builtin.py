@@ -21,6 +21,7 @@ from netquant.platforms.platform import (
     Validation,
     depthwise_or_small,
     int32_bias_spec,
+    is_depthwise,
     standard_rule,
 )
 from netquant.platforms.registry import register_platform
@@ -205,8 +206,8 @@ TFLITE_INT8 = _builtin(Platform(
     weight=QuantSpec.int8_per_channel(axis=0),
     bias=int32_bias_spec(),
     rules=_rules(
-        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.ALWAYS,
-                                    requires_quantized_input_if=depthwise_or_small(ORT_MIN_CONV_MACS)),
+        # depthwise convs int8 only where their input already is (as on onnxruntime: accuracy); no size limit
+        COMPUTE_RULES["Conv"].with_(output=OutputPolicy.ALWAYS, requires_quantized_input_if=is_depthwise),
         COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.ALWAYS, requires_weight=True),
         COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.ALWAYS),
         OpRule("Relu", OpRole.ACTIVATION),

@@ -316,8 +316,10 @@ class Converter:
             raise ExportError(f"TFLite export: model output '{name}' is a constant")
         v = self.values[src]
         if v.is_int8:
-            t = self.w.add_tensor(name, layout.stored_shape(self.shape(src), False), np.float32)
             cur = self.get(src, cl=False) if v.cl else v
+            if cur.tensor.name == name:
+                self.w.rename(cur.tensor, f"{name}_int8")
+            t = self.w.add_tensor(name, layout.stored_shape(self.shape(src), False), np.float32)
             self.w.add_op("DEQUANTIZE", [cur.tensor], [t])
         else:
             cur = self.get(src, cl=False, as_float=True)

@@ -169,9 +169,7 @@ def _bias(cv: Converter, node: Node, i: int | None, n: int, in_scale: float | No
           w_scale: np.ndarray | None) -> Tensor | None:
     """Bias input i: int32 with scale in_scale * w_scale (int8), float32 otherwise; None without bias."""
     if i is None or i >= len(node.inputs) or not node.inputs[i]:
-        if in_scale is None:
-            return None
-        data = np.zeros(n, dtype=np.float32)
+        data = np.zeros(n, dtype=np.float32)  # LiteRT's float CONV_2D wants a bias tensor too
     else:
         data = np.asarray(cv.const(node.inputs[i]), dtype=np.float32).reshape(-1)
         if data.size == 1 and n > 1:

@@ -99,6 +99,13 @@ class FlatbufferWriter:
         self.info.append(info)
         return info
 
+    def rename(self, tensor: Tensor, name: str) -> None:
+        """Give `tensor` a fresh name based on `name` (the old one becomes free)."""
+        self.names.discard(self.tensors[tensor.index].name)
+        new = self._fresh(name)
+        self.tensors[tensor.index].name = new
+        tensor.name = new
+
     def add_const(self, name: str, data: np.ndarray, quant: Quant | None = None) -> Tensor:
         arr = np.asarray(data)
         return self.add_tensor(name, arr.shape, arr.dtype, quant, arr)
