@@ -348,7 +348,7 @@ def pool(cv: Converter, node: Node) -> None:
                         strideW=strides[1], filterHeight=kernel[0], filterWidth=kernel[1])
     stored = tuple(x.tensor.shape)
     expect_h = (stored[1] - kernel[0]) // strides[0] + 1 if padding == "VALID" else -(-stored[1] // strides[0])
-    if expect_h != out_shape[2] and not int(node.attrs.get("ceil_mode", 0)) == 0:
+    if int(node.attrs.get("ceil_mode", 0)) and expect_h != out_shape[2]:
         raise ExportError(f"TFLite export: {node.op_type} '{node.name}' uses ceil_mode")
     _same_params_op(cv, node, "MAX_POOL_2D" if is_max else "AVERAGE_POOL_2D", x, [], out_shape, True, opts, int8)
 
