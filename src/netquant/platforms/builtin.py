@@ -191,6 +191,19 @@ def tflite_fixed_outputs(oc: OpQuantConfig, graph: Graph) -> None:
     cfg.state = QuantState.ACTIVATED
 
 
+# every op quantized (TFLite's "full integer" selection, tflite_int8's rules before the measurement above; qnn_dsp's)
+FULL_INTEGER_RULES: dict[str, OpRule] = _rules(
+    *COMPUTE_RULES.values(),
+    *_std(("Add", "Sub", "Mul", "Sigmoid", "Tanh", "Softmax", "HardSwish", "LeakyRelu",
+           "GlobalAveragePool", "ReduceMean")),
+    *_std(("AveragePool", "MaxPool", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze",
+           "Resize", "Slice", "Gather", "Pad", "Split", "DepthToSpace", "SpaceToDepth")),
+    OpRule("Concat", OpRole.SHARED_SCALE, None),
+    OpRule("Relu", OpRole.ACTIVATION),
+    OpRule("Clip", OpRole.ACTIVATION),
+)
+FULL_INTEGER_FUSIONS = (("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu"), ("Add", "Relu"))
+
 _TFLITE_MOVE_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "MaxPool")
 
 TFLITE_INT8 = _builtin(Platform(
@@ -256,8 +269,8 @@ QNN_DSP = _builtin(Platform(
     activation=QuantSpec.uint8_affine(),
     weight=QuantSpec.uint8_affine(),
     bias=int32_bias_spec(),
-    rules=TFLITE_INT8.rules,
-    fusions=TFLITE_INT8.fusions,
+    rules=FULL_INTEGER_RULES,
+    fusions=FULL_INTEGER_FUSIONS,
     activation_observer="minmax",
     weight_observer="minmax",
     aliases=("snpe", "qnn"),
