@@ -73,8 +73,8 @@ def test_export_runs_in_onnxruntime_and_agrees(tmp_path):
     _check_params_json(read_params_json(tmp_path / "q.json"), qm)
     qm.export(tmp_path / "q.cache", format=ExportKind.TENSORRT_CACHE)
     _check_trt_cache(tmp_path / "q.cache", read_params_json(tmp_path / "q.json"))
-    with pytest.raises(ConfigError, match="unknown export format 'tflite'; choose one of qdq, json, tensorrt_cache"):
-        qm.export(tmp_path / "q.tflite", format="tflite")
+    with pytest.raises(ConfigError, match="unknown export format 'tfl'; choose one of qdq, json, tensorrt_cache, tflite"):
+        qm.export(tmp_path / "q.tflite", format="tfl")
 
 
 def test_evaluate_and_layer_report():

@@ -47,7 +47,10 @@ def test_platform_hook_runs_after_the_user_overrides() -> None:
 
 
 def test_configs_by_step_fusion_bias_and_shared_scale_group() -> None:
-    qg = build_quant_graph(load_onnx(conv_relu_concat()), get_platform("tflite_int8"))
+    from netquant.platforms.builtin import FULL_INTEGER_FUSIONS, FULL_INTEGER_RULES
+
+    full_integer = get_platform("tflite_int8").with_(rules=FULL_INTEGER_RULES, fusions=FULL_INTEGER_FUSIONS)
+    qg = build_quant_graph(load_onnx(conv_relu_concat()), full_integer)
     conv, relu, cat = (qg.op_configs[n] for n in ("conv", "relu", "cat"))
     assert conv.roles == {0: TensorRole.ACTIVATION, 1: TensorRole.WEIGHT, 2: TensorRole.BIAS}
     assert conv.inputs[2].state is QuantState.PASSIVE_INIT  # bias: derived after calibration

@@ -162,9 +162,9 @@ class QuantizedModel:
 
     # ---- export ----------------------------------------------------------------------------
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
-        """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR or
-        ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR, .param ncnn,
-        else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
+        """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
+        TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
+        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
         try:
             fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
         except ValueError:

@@ -147,8 +147,8 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--calib", required=True, help="Folder of images, .npy/.npz file or folder, or 'random'.")
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Quantized ONNX (QDQ) file to write; a .xml path writes OpenVINO IR (.xml + .bin; needs "
-                   "netquant[openvino]), a .param path an ncnn int8 model (.param + .bin + ncnn's int8 .table beside "
-                   "it; needs netquant[ncnn]).")
+                   "netquant[openvino]), a .tflite path a TFLite/LiteRT model (NHWC input; netquant[tflite]), a .param "
+                   "path an ncnn int8 model (.param + .bin + ncnn's int8 .table beside it; needs netquant[ncnn]).")
 @click.option("--num-calib", type=click.IntRange(min=1), default=None, help="Use at most this many samples.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=16, show_default=True)
 @click.option("--observer", default=None, help="Activation observer (default: the platform's).")
@@ -198,9 +198,14 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
     kind = ExportKind.for_path(output)
+    if kind is ExportKind.TFLITE and (platform.activation.is_float
+                                      or (platform.activation.bits, platform.activation.signed) != (8, True)):
+        raise ConfigError(f"-o {output}: a .tflite file needs int8 activations; platform '{platform.name}' uses "
+                          f"{platform.activation.describe()}. Use --platform tflite_int8")
     beside = companions(kind)
     plan = OutputPlan.create(
-        [("-o", output, {ExportKind.OPENVINO_IR: "OpenVINO IR", ExportKind.NCNN: "ncnn param"}.get(kind, "ONNX model")),
+        [("-o", output, {ExportKind.OPENVINO_IR: "OpenVINO IR", ExportKind.NCNN: "ncnn param",
+                         ExportKind.TFLITE: "TFLite model"}.get(kind, "ONNX model")),
          *[(f"-o {c.suffix}", c.default_path(output), c.what) for c in beside],
          ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],

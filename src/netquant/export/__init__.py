@@ -1,4 +1,5 @@
-"""netquant.export: ONNX QDQ models, ncnn int8 models, quant-params JSON and TensorRT calibration caches.
+"""netquant.export: ONNX QDQ models, OpenVINO IR, TFLite models, ncnn int8 models, quant-params JSON and TensorRT
+calibration caches (netquant.export.formats: which file a path asks for).
 
 Every file is validated before it is written and written whole or not at all.
 """
@@ -13,15 +14,18 @@ from netquant.export.params import (
     scale_hex,
     trt_scales,
 )
+from netquant.export.tflite import TfliteExportReport, export_tflite
 
 __all__ = [
     "INT8_KERNEL_OPS",
     "ExportReport",
     "NcnnExportReport",
+    "TfliteExportReport",
     "build_qdq_model",
     "export_ncnn",
     "export_qdq",
     "export_quant_params_json",
+    "export_tflite",
     "export_trt_calibration_cache",
     "ort_int8_kernels",
     "ort_optimized_op_types",

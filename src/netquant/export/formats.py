@@ -18,17 +18,19 @@ class ExportKind(enum.StrEnum):
     JSON = "json"  # every tensor's quantization params
     TENSORRT_CACHE = "tensorrt_cache"  # TensorRT calibration cache
     OPENVINO_IR = "openvino_ir"  # OpenVINO IR: model.xml + model.bin (a .xml path)
+    TFLITE = "tflite"  # TFLite / LiteRT flatbuffer: int8 ops with netquant's scales, NHWC input (a .tflite path)
     NCNN = "ncnn"  # ncnn int8 model: .param + .bin + ncnn's int8 .table (a .param path)
 
     @classmethod
     def for_path(cls, path: str | os.PathLike[str]) -> ExportKind:
-        """The model format a path asks for: .xml OpenVINO IR, .param ncnn, anything else ONNX QDQ."""
+        """The model format a path asks for: .xml OpenVINO IR, .tflite TFLite, .param ncnn, anything else ONNX QDQ."""
         return _BY_SUFFIX.get(Path(path).suffix.lower(), cls.QDQ)
 
     @property
     def engine(self) -> str:
         """The engine that runs (and validates) this format by default."""
-        return {ExportKind.OPENVINO_IR: "OpenVINO", ExportKind.NCNN: "ncnn"}.get(self, "onnxruntime")
+        return {ExportKind.OPENVINO_IR: "OpenVINO", ExportKind.TFLITE: "LiteRT", ExportKind.NCNN: "ncnn"}.get(
+            self, "onnxruntime")
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Companion:
         return Path(path).with_suffix(self.suffix)
 
 
-_BY_SUFFIX = {".xml": ExportKind.OPENVINO_IR, ".param": ExportKind.NCNN}
+_BY_SUFFIX = {".xml": ExportKind.OPENVINO_IR, ".tflite": ExportKind.TFLITE, ".param": ExportKind.NCNN}
 
 COMPANIONS: dict[ExportKind, tuple[Companion, ...]] = {
     ExportKind.OPENVINO_IR: (Companion(".bin", "bin_path", "OpenVINO IR weights"),),
@@ -65,6 +67,10 @@ def writer(kind: ExportKind) -> Callable[..., Any]:
         from netquant.export.ncnn import export_ncnn
 
         return export_ncnn
+    if kind is ExportKind.TFLITE:
+        from netquant.export.tflite import export_tflite
+
+        return export_tflite
     from netquant.export.onnx_qdq import export_qdq
     from netquant.export.params import export_quant_params_json, export_trt_calibration_cache
 
