@@ -73,7 +73,7 @@ def test_export_runs_in_onnxruntime_and_agrees(tmp_path):
     _check_params_json(read_params_json(tmp_path / "q.json"), qm)
     qm.export(tmp_path / "q.cache", format=ExportKind.TENSORRT_CACHE)
     _check_trt_cache(tmp_path / "q.cache", read_params_json(tmp_path / "q.json"))
-    with pytest.raises(ConfigError, match="unknown export format 'tfl'; choose one of qdq, json, tensorrt_cache, tflite"):
+    with pytest.raises(ConfigError, match="unknown export format 'tfl'; choose one of qdq, json, tensorrt_cache, openvino_ir, tflite, ncnn"):
         qm.export(tmp_path / "q.tflite", format="tfl")
 
 
