@@ -87,18 +87,26 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
     after bias quantization and before the final deployability check (so they see calibrated params).
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
-    force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...).
+    force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
+    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
+    see netquant.api.placement).
     """
     t0 = time.perf_counter()
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
     qgraph, timings = quantize_graph(graph, calib_data, s, extra_passes=passes)
+    from netquant.api.placement import place
+
+    t1 = time.perf_counter()
+    placement = place(qgraph, s, elapsed_s=t1 - t0)  # objective / placement_from: measured INT8-or-float per region
+    if placement is not None:
+        timings["placement"] = time.perf_counter() - t1
     timings = {**timings, "total": time.perf_counter() - t0}
     from netquant.passes.calib_data import CalibrationData
 
     data = CalibrationData(qgraph.graph, calib_data, s.batch_size, 1) if not _is_iterator(calib_data) else None
-    return QuantizedModel(qgraph, source, timings, data)
+    return QuantizedModel(qgraph, source, timings, data, placement)
 
 
 def _is_iterator(x: Any) -> bool:
