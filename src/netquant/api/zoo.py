@@ -1,7 +1,8 @@
 """Real models that ship inside PyPI wheels, fetched with `pip download --no-deps` into a cache.
 
 No hub downloads: the PP-OCRv4 models come from the `rapidocr-onnxruntime==1.4.4` wheel,
-the light CNNs from `onnx/backend/test/data/light` inside the installed onnx package.
+the light CNNs from `onnx/backend/test/data/light` inside the installed onnx package; the transformer
+encoder is built here from seeded torch weights and exported once.
 """
 
 from __future__ import annotations
@@ -11,12 +12,19 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import numpy as np
 import onnx
 
+from netquant.atomic import atomic_path
 from netquant.errors import ConfigError, ModelError
+
+if TYPE_CHECKING:
+    import torch
 
 RAPIDOCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
 # file names inside the wheel (rapidocr_onnxruntime/models/...)
@@ -25,6 +33,10 @@ PPOCR_MODELS = {
     "rec": "ch_PP-OCRv4_rec_infer.onnx",
     "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
 }
+# the built-in transformer encoder: torch.nn.TransformerEncoder, seeded weights (see encoder_model_path)
+ENCODER_LAYERS, ENCODER_DIM, ENCODER_HEADS, ENCODER_FF, ENCODER_SEQ = 6, 384, 6, 1536, 64
+ENCODER_SEED = 0
+ENCODER_FILE = "encoder_6x384_seq64_v2.onnx"
 LIGHT_MODELS = ("bvlc_alexnet", "densenet121", "inception_v1", "inception_v2", "resnet50",
                 "shufflenet", "squeezenet", "vgg19", "zfnet512")
 
@@ -115,3 +127,81 @@ def light_model_path(name: str) -> tuple[Path, Path]:
     if not model.exists():
         raise ModelError(f"{model} not found; light models: {', '.join(LIGHT_MODELS)}")
     return model, out
+
+
+def _encoder_module() -> torch.nn.Module:
+    """TransformerEncoder (6 layers, d_model 384, 6 heads, ff 1536, batch_first) with weights from
+    torch.manual_seed(ENCODER_SEED) (global RNG state restored afterwards); forward(x, mask) -> y."""
+    import torch
+
+    class MaskedEncoder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            layer = torch.nn.TransformerEncoderLayer(ENCODER_DIM, ENCODER_HEADS, ENCODER_FF, dropout=0.0,
+                                                     batch_first=True)
+            # enable_nested_tensor=False: the nested-tensor fast path drops padded tokens and is not exportable
+            self.encoder = torch.nn.TransformerEncoder(layer, ENCODER_LAYERS, enable_nested_tensor=False)
+            for clone in self.encoder.layers:  # the encoder deep-copies one layer: give each its own weights
+                clone.self_attn._reset_parameters()  # in_proj weight (zero biases)
+                clone.self_attn.out_proj.reset_parameters()
+                torch.nn.init.normal_(clone.self_attn.in_proj_bias, 0.0, 0.02)
+                clone.linear1.reset_parameters()
+                clone.linear2.reset_parameters()
+                for norm in (clone.norm1, clone.norm2):  # trained-like gains and shifts, not 1 and 0
+                    torch.nn.init.normal_(norm.weight, 1.0, 0.2)
+                    torch.nn.init.normal_(norm.bias, 0.0, 0.1)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            """x [batch, seq, 384] float, mask [batch, seq] int64 (1 = token, 0 = padding) -> y like x."""
+            return self.encoder(x, src_key_padding_mask=mask == 0)
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(ENCODER_SEED)
+        return MaskedEncoder().eval()
+
+
+def encoder_model_path() -> Path:
+    """The built-in 6-layer transformer encoder as ONNX (inputs x [batch, 64, 384] float32 and mask [batch, 64]
+    int64, output y [batch, 64, 384]); exported once into the cache (atomic write), same bytes every build."""
+    import torch
+
+    target = cache_dir() / "encoder" / ENCODER_FILE
+    if target.exists():
+        return target
+    _make_dir(target.parent)
+    module = _encoder_module()
+    x = torch.zeros(2, ENCODER_SEQ, ENCODER_DIM)
+    mask = torch.ones(2, ENCODER_SEQ, dtype=torch.int64)
+    mask[1, ENCODER_SEQ // 2:] = 0
+    fastpath = torch.backends.mha.get_fastpath_enabled()
+    torch.backends.mha.set_fastpath_enabled(False)  # aten::_transformer_encoder_layer_fwd has no ONNX export
+    try:
+        with atomic_path(target, "encoder model", ModelError) as tmp, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the TorchScript exporter is deliberate: plain, stable ONNX
+            torch.onnx.export(module, (x, mask), str(tmp), opset_version=17, input_names=["x", "mask"],
+                              output_names=["y"], dynamic_axes={"x": {0: "batch"}, "mask": {0: "batch"},
+                                                                "y": {0: "batch"}}, dynamo=False)
+    finally:
+        torch.backends.mha.set_fastpath_enabled(fastpath)
+    return target
+
+
+def encoder_inputs(count: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """`count` encoder samples {'x': [count, 64, 384] float32, 'mask': [count, 64] int64}.
+
+    Like a tokenized batch: each row has a length drawn from [8, 64]; its tokens are rows of a fixed
+    2000-entry embedding table (N(0, 1) entries) plus the sinusoidal position code, padded positions hold the
+    pad embedding (zeros) and mask 0.
+    """
+    if count < 1:
+        raise ConfigError(f"encoder_inputs: count must be >= 1, got {count}")
+    table = np.random.default_rng(ENCODER_SEED + 1234).standard_normal((2000, ENCODER_DIM)).astype(np.float32)
+    pos = np.arange(ENCODER_SEQ)[:, None] / np.power(10000.0, np.arange(0, ENCODER_DIM, 2) / ENCODER_DIM)
+    code = np.zeros((ENCODER_SEQ, ENCODER_DIM), np.float32)
+    code[:, 0::2], code[:, 1::2] = np.sin(pos), np.cos(pos)
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(8, ENCODER_SEQ + 1, size=count)
+    tokens = rng.integers(0, len(table), size=(count, ENCODER_SEQ))
+    mask = (np.arange(ENCODER_SEQ)[None, :] < lengths[:, None]).astype(np.int64)
+    x = (table[tokens] + code[None]) * mask[..., None].astype(np.float32)
+    return {"x": x.astype(np.float32), "mask": mask}
