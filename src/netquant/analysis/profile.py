@@ -73,19 +73,13 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        try:
-            warm = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
-        except Exception as exc:
-            raise ExportError(f"onnxruntime cannot load the model to profile it: {exc}") from exc
-        del warm
-        optimized = onnx.load(str(Path(tmp) / "optimized.onnx"), load_external_data=False)
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-        so.log_severity_level = 3
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tmp) / "profile")
-        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        try:
+            sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise ExportError(f"onnxruntime cannot load the model to profile it: {exc}") from exc
+        optimized = onnx.load(str(Path(tmp) / "optimized.onnx"), load_external_data=False)
         feed = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
         for _ in range(warmup + runs):
             sess.run(None, feed)

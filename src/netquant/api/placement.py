@@ -45,7 +45,9 @@ FORMAT = "netquant.placement/1"
 MAX_ROUNDS = 3
 DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
 MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
-MIN_TIME_S = 5.0
+MIN_TIME_S = 3.0
+TIME_SHARE = 0.5  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
 PROFILE_RUNS = 20
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 
@@ -142,6 +144,8 @@ class Placement:
                  ""]
         if self.note:
             lines += [self.note, ""]
+        if "placed_ms" not in self.measured and self.note:
+            return "\n".join(lines)  # not measured: no decision table to show
         lines.append("| " + " | ".join(ROW_HEADER) + " |")
         lines.append("|" + "---|" * len(ROW_HEADER))
         lines += ["| " + " | ".join(r.row()) + " |" for r in self.regions]
@@ -194,7 +198,7 @@ def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float) -> 
         return apply_placement_file(qgraph, settings.placement_from)
     if not applies(settings, qgraph):
         return None
-    budget = settings.placement_time_s if settings.placement_time_s is not None else max(MIN_TIME_S, elapsed_s)
+    budget = settings.placement_time_s if settings.placement_time_s is not None else max(MIN_TIME_S, TIME_SHARE * elapsed_s)
     return search_placement(qgraph, settings, time_budget_s=budget)
 
 
@@ -239,20 +243,27 @@ class _Search:
         self.t32: dict[str, float] = {}
         self.forced: set[str] = set()
         self.profiles = 0
+        self.profile_s = 0.0
 
     def profile(self, float_set: set[str]) -> OrtProfile:
         from netquant.export.onnx_qdq import build_qdq_model
 
+        t = time.perf_counter()
         self.profiles += 1
         with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
             model, _, _ = build_qdq_model(self.qgraph)
-        return profile_onnx(model, self.feeds, runs=PROFILE_RUNS)
+        prof = profile_onnx(model, self.feeds, runs=PROFILE_RUNS)
+        self.profile_s += time.perf_counter() - t
+        return prof
 
     def profile_fp32(self) -> OrtProfile:
         from netquant.graph import to_onnx
 
+        t = time.perf_counter()
         self.profiles += 1
-        return profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds, runs=PROFILE_RUNS)
+        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds, runs=PROFILE_RUNS)
+        self.profile_s += time.perf_counter() - t
+        return prof
 
     def update(self, prof: OrtProfile, float_set: set[str]) -> set[str]:
         """Refresh each region's time in its state in `prof`; returns the float regions onnxruntime ran in int8 anyway
@@ -379,9 +390,10 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         measured["placed_ms_estimated"] = 1
     best_t, best = min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1])))
     final_loss = loss(set(best)) if meter is not None else None
-    if meter is not None:  # the report's sensitivities (vs all INT8), while time is left
+    if meter is not None:  # the report's sensitivities (vs all INT8), within REPORT_SHARE of the cap
+        report_deadline = min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s)
         for r in sorted(s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
-            if time.perf_counter() > s.deadline:
+            if time.perf_counter() > report_deadline:
                 break
             all_but = loss({r.anchor})
             sens[r.anchor] = Sensitivity(loss(all_anchors - {r.anchor}), all_but, loss(set()) - all_but)
@@ -402,7 +414,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     measured.update({"placed_ms": best_t, "speedup_vs_fp32": p32.node_total_ms / best_t if best_t else 0.0,
                      "other_fp32_ms": region_times(p32, s.nmap, s.region_of, set()).get(OTHER, 0.0),
                      "loss_all_int8": loss_of.get(frozenset()), "loss_placed": final_loss,
-                     "profiles": s.profiles, "rounds": rounds, "seconds": time.perf_counter() - start})
+                     "profiles": s.profiles, "profile_s": s.profile_s, "loss_passes": meter.calls if meter else 0,
+                     "rounds": rounds, "seconds": time.perf_counter() - start})
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
     if time.perf_counter() > s.deadline:
         placement.note = f"time cap of {time_budget_s:.1f} s reached: some measurements skipped"
