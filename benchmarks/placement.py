@@ -341,6 +341,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=40)
     ap.add_argument("--skip", default="", help="comma-separated substrings of recipe labels to skip")
     ap.add_argument("--quick", action="store_true", help="small sets (smoke run)")
+    ap.add_argument("--out", type=Path, default=RESULTS, help="results file (default benchmarks/results/placement.md)")
     args = ap.parse_args()
     if args.quick:
         args.calib, args.eval, args.repeats, args.light_calib = 16, 16, 10, 4
@@ -358,7 +359,7 @@ def main() -> None:
             rows += bench(case, Path(tmp), args.repeats, skip)
             text = render(rows, args)
             if not args.quick:
-                write_text_atomic(RESULTS, text, "benchmark results")
+                write_text_atomic(args.out, text, "benchmark results")
     print(text)
 
 

@@ -236,9 +236,7 @@ class _Search:
         self.nmap = NodeMap(qgraph.graph)
         batch = qgraph.sample_inputs if qgraph.sample_inputs is not None else (
             qgraph.validation_batches[0] if qgraph.validation_batches else None)
-        if batch is None:
-            raise ConfigError("placement needs a calibration batch (none was kept)")
-        self.feeds = _batch1(batch, qgraph)
+        self.feeds: dict[str, np.ndarray] | None = _batch1(batch, qgraph) if batch is not None else None
         self.t8: dict[str, float] = {}
         self.t32: dict[str, float] = {}
         self.forced: set[str] = set()
@@ -252,7 +250,7 @@ class _Search:
         self.profiles += 1
         with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
             model, _, _ = build_qdq_model(self.qgraph)
-        prof = profile_onnx(model, self.feeds, runs=PROFILE_RUNS)
+        prof = profile_onnx(model, self.feeds or {}, runs=PROFILE_RUNS)
         self.profile_s += time.perf_counter() - t
         return prof
 
@@ -261,7 +259,7 @@ class _Search:
 
         t = time.perf_counter()
         self.profiles += 1
-        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds, runs=PROFILE_RUNS)
+        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds or {}, runs=PROFILE_RUNS)
         self.profile_s += time.perf_counter() - t
         return prof
 
@@ -296,8 +294,10 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     placement = Placement(model_hash(qgraph), qgraph.platform.name, str(getattr(qgraph.platform, "cpu_target", "")),
                           _host(), objective.value, max_loss, metric_name)
     s = _Search(qgraph, settings, start + time_budget_s)
-    if not s.regions:
-        placement.note = "no quantized region"
+    if not s.regions or s.feeds is None:
+        placement.note = "not measured: no quantized region" if not s.regions else "not measured: no calibration batch kept"
+        placement.regions = [RegionDecision(r.anchor, r.op_type, list(r.ops), "int8", "rules (not measured)")
+                             for r in s.regions]
         return placement
     weights = sum(int(qgraph.graph.initializers[i].numel()) for r in s.regions for op in r.ops
                   for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
