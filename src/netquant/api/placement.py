@@ -6,7 +6,7 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 2. measure: profile the FP32 graph and the all-INT8 QDQ export in onnxruntime (CPU, batch 1, one thread; per-node
    medians) and charge each node, with its Q/DQ and layout glue, to a region (analysis.profile): fp32_ms and
    int8_ms per region;
-3. speed: a region stays float where int8_ms > fp32_ms, else it runs in INT8;
+3. speed: a region stays float where int8_ms > 1.05 fp32_ms + 2 us (the profiler's noise), else it runs in INT8;
 4. accuracy budget (analysis.sensitivity): while the fake-quant output loss of the placement exceeds max_loss, keep
    in float the INT8 region with the highest score: its gain (loss(all INT8) - loss(all but it)) per millisecond it
    saves (BALANCED) or its gain alone (ACCURACY);
@@ -49,6 +49,7 @@ MIN_TIME_S = 3.0
 TIME_SHARE = 0.5  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
 PROFILE_RUNS = 20
+SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 
 
@@ -282,7 +283,8 @@ class _Search:
         return forced
 
     def slower(self) -> set[str]:
-        return {a for a in self.by_anchor if self.t8.get(a, 0.0) > self.t32.get(a, math.inf)}
+        """Regions measured slower in INT8 beyond the noise margin (ties and noise keep INT8)."""
+        return {a for a in self.by_anchor if self.t8.get(a, 0.0) > SLOWER_MARGIN * self.t32.get(a, math.inf) + SLOWER_MS}
 
 
 def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0) -> Placement:
@@ -405,7 +407,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         elif a in s.forced:
             reason = Reason.FORCED
         else:
-            reason = Reason.FASTER if s.t8.get(a, 0.0) <= s.t32.get(a, math.inf) else "fastest measured candidate"
+            reason = Reason.FASTER if a not in s.slower() else "fastest measured candidate"
         se = sens.get(a)
         placement.regions.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason,
                                                 round(s.t8.get(a, 0.0), 4), round(s.t32.get(a, 0.0), 4),
