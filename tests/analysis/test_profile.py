@@ -58,3 +58,20 @@ def test_profile_file_model_path(tmp_path, quantized):
     onnx.save(build_qdq_model(quantized.qgraph)[0], str(path))
     prof = profile_onnx(path, {"x": np.zeros((1, 16, 24, 24), np.float32)}, runs=3, warmup=1)
     assert prof.runs == 3 and prof.node_total_ms > 0
+
+
+def test_ort_requantizes_predicts_onnxruntimes_weight_quantization(quantized, tmp_path):
+    """The static check agrees with what onnxruntime really builds: floating only the middle conv leaves it between a
+    Dequantize and a Quantize (onnxruntime makes it QLinearConv with its own weights); floating the last two does not."""
+    from netquant.analysis.profile import ort_requantizes
+    from netquant.analysis.regions import keep_float
+    from netquant.export.ort_kernels import ort_int8_kernels
+
+    regions = {r.anchor: r for r in find_regions(quantized.qgraph)}
+    for chosen, expected in ((["conv1"], {"conv1"}), (["conv1", "conv2"], set())):
+        with keep_float(quantized.qgraph, [regions[a] for a in chosen]):
+            model, _, _ = build_qdq_model(quantized.qgraph)
+        assert ort_requantizes(model, set(chosen)) == expected
+        path = tmp_path / f"{len(chosen)}.onnx"
+        onnx.save(model, str(path))
+        assert ort_int8_kernels(path)["QLinearConv"] == 3 - len(chosen) + len(expected)

@@ -221,3 +221,52 @@ def region_times(prof: OrtProfile, nmap: NodeMap, region_of: Mapping[str, str], 
             for r in regions:
                 out[r] += ms / len(regions)
     return dict(out)
+
+
+_WEIGHT_OPS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def ort_requantizes(model: onnx.ModelProto, names: set[str]) -> set[str]:
+    """The nodes among `names` (float Conv / ConvTranspose / Gemm) that onnxruntime's WeightBiasQuantization will run
+    in INT8 anyway: input 0 from a per-tensor DequantizeLinear, a float weight initializer, and one unbranched path
+    (through Relu / Clip) to a QuantizeLinear. It then quantizes the weight itself, symmetric per-tensor full-range
+    int8 (onnxruntime/core/optimizer/qdq_transformer/weight_bias_quantization.cc), which saturates the int16 pair sums
+    of x86 CPUs without VNNI."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    consumers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in g.node:
+        for i in n.input:
+            consumers[i].append(n)
+
+    def scalar(name: str) -> bool:
+        t = inits.get(name)
+        return t is not None and int(np.prod(t.dims)) == 1
+
+    def path_to_q(node: onnx.NodeProto) -> bool:
+        current = node
+        for _ in range(8):
+            if len(current.output) != 1 or len(consumers.get(current.output[0], [])) != 1:
+                return False
+            nxt = consumers[current.output[0]][0]
+            if nxt.op_type == "QuantizeLinear":
+                return True
+            if nxt.op_type not in ("Relu", "Clip"):
+                return False
+            current = nxt
+        return False
+
+    out = set()
+    for n in g.node:
+        if n.name not in names or n.op_type not in _WEIGHT_OPS or len(n.input) < 2:
+            continue
+        dq = producer.get(n.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2 or not scalar(dq.input[1]):
+            continue
+        w = inits.get(n.input[1])
+        if w is None or w.data_type != onnx.TensorProto.FLOAT:
+            continue
+        if path_to_q(n):
+            out.add(n.name)
+    return out

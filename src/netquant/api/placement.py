@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from netquant.analysis.profile import OTHER, NodeMap, OrtProfile, profile_onnx, region_times
+from netquant.analysis.profile import OTHER, NodeMap, OrtProfile, ort_requantizes, profile_onnx, region_times
 from netquant.analysis.regions import find_regions, keep_float
 from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_sensitivity
 from netquant.atomic import write_text_atomic
@@ -255,6 +255,25 @@ class _Search:
         self.profile_s += time.perf_counter() - t
         return prof
 
+    def settle(self, float_set: set[str]) -> set[str]:
+        """`float_set` less the regions onnxruntime would run in INT8 anyway (analysis.profile.ort_requantizes, checked
+        on the exported candidate; repeated, since each such region back in INT8 puts Q/DQ next to its neighbours);
+        those are added to self.forced."""
+        from netquant.export.onnx_qdq import build_qdq_model
+
+        current = set(float_set)
+        for _ in range(len(self.by_anchor)):
+            if not current:
+                break
+            with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(current)]):
+                model, _, _ = build_qdq_model(self.qgraph)
+            hit = ort_requantizes(model, current)
+            if not hit:
+                break
+            self.forced |= hit
+            current -= hit
+        return current
+
     def profile_fp32(self) -> OrtProfile:
         from netquant.graph import to_onnx
 
@@ -317,7 +336,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     s.update(p8, set())
     measured: dict[str, float] = {"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms}
     candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
-    float_speed = s.slower()
+    float_speed = s.settle(s.slower())
 
     # accuracy budget
     budget_float: set[str] = set()
@@ -366,7 +385,12 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
                 else [_first(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
                                                                        or [qgraph.sample_inputs])])
         meter = LossMeter(qgraph, data, settings.metric)
-    budget_float = fill_budget(float_speed, set())
+    budget_float = fill_budget(float_speed, s.forced)
+    for _ in range(len(all_anchors)):  # a budget float onnxruntime would re-quantize is no float: choose again
+        settled = s.settle(float_speed | budget_float)
+        if settled == float_speed | budget_float:
+            break
+        budget_float = (settled - float_speed) | fill_budget(settled, s.forced)
     # iterate on the candidate
     current = float_speed | budget_float
     seen = {frozenset()}
@@ -379,13 +403,15 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         forced = s.update(prof, current)
         if not forced:  # a candidate onnxruntime re-quantized is not the model we would ship
             candidates.append((prof.node_total_ms, frozenset(current)))
-        speed = s.slower() - s.forced
+        speed = s.settle(s.slower() - s.forced)
         budget_float = (budget_float - s.forced) | fill_budget(speed | (budget_float - s.forced), s.forced)
-        current = speed | budget_float
+        current = s.settle(speed | budget_float)
+        budget_float &= current
     if current == all_anchors and frozenset(current) not in seen:
         candidates.append((p32.node_total_ms, frozenset(current)))
     ok = [(t, fl) for t, fl in candidates if max_loss is None or loss(set(fl)) <= max_loss]
     if not ok:  # the budget's candidate was not profiled (time cap): its time is the sum of its regions' times
+        current = s.settle(current)
         estimate = region_times(p32, s.nmap, s.region_of, set()).get(OTHER, 0.0) + sum(
             s.t32.get(a, 0.0) if a in current else s.t8.get(a, 0.0) for a in all_anchors)
         ok = [(estimate, frozenset(current))]
