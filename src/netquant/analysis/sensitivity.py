@@ -130,6 +130,29 @@ class LossMeter:
                 self._plan(False)
 
 
+def region_output_nsr(meter: LossMeter, regions: Sequence[Region]) -> dict[str, float]:
+    """Noise-to-signal ratio sum (y - y_q)^2 / sum y^2 of each region's last output with every region quantized
+    (two executor passes on the meter's data): a cheap local ranking for when the per-region losses do not fit the
+    time cap."""
+    outs = {r.anchor: meter.qgraph.graph.node(r.ops[-1]).outputs[0] for r in regions}
+    names = sorted(set(outs.values()))
+    batches = [b if meter.metric is None else b[0] for b in meter.data]
+    with torch.no_grad():
+        meter._plan(False)
+        ref = [meter.executor.run(b, outputs=names) for b in batches]
+        meter._plan(True)
+        try:
+            test = [meter.executor.run(b, outputs=names) for b in batches]
+        finally:
+            meter._plan(False)
+    out = {}
+    for anchor, t in outs.items():
+        num = sum(float(((r[t].double() - q[t].double()) ** 2).sum()) for r, q in zip(ref, test))
+        den = sum(float((r[t].double() ** 2).sum()) for r in ref)
+        out[anchor] = num / max(den, 1e-300)
+    return out
+
+
 def region_sensitivity(meter: LossMeter, regions: Sequence[Region], base_float: Sequence[Region] = (),
                        deadline: float | None = None, only: bool = True) -> tuple[float, dict[str, Sensitivity]]:
     """(loss with every region but `base_float` quantized, {anchor: Sensitivity}) for `regions`, most time-consuming

@@ -33,7 +33,7 @@ import torch
 
 from netquant.analysis.profile import OTHER, NodeMap, OrtProfile, ort_requantizes, profile_onnx, region_times
 from netquant.analysis.regions import find_regions, keep_float
-from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_sensitivity
+from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
 from netquant.atomic import write_text_atomic
 from netquant.errors import ConfigError
 from netquant.export.ort_kernels import INT8_KERNEL_OPS
@@ -354,11 +354,14 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         return loss_of[key]
 
     marginal: dict[str, Sensitivity] = {}
+    local: dict[str, float] = {}
 
     def score(a: str) -> tuple[float, str]:
-        """Greedy order: the loss floating `a` saves on top of the speed floats (per ms it costs: BALANCED)."""
+        """Greedy order: the loss floating `a` saves on top of the speed floats, or where those were not all measured
+        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED."""
+        complete = all(se.gain is not None for se in marginal.values())
         se = marginal.get(a)
-        gain = se.gain if se is not None and se.gain is not None else 0.0
+        gain = (se.gain or 0.0) if complete and se is not None else local.get(a, 0.0)
         if objective is Objective.ACCURACY:
             return gain, a
         return gain / max(s.t32.get(a, 0.0) - s.t8.get(a, 0.0), 1e-3), a
@@ -373,6 +376,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
             if not left:
                 break
             if not marginal:  # measured once, when the budget first needs it
+                local.update(region_output_nsr(meter, s.regions))
                 order = sorted((s.by_anchor[a] for a in left),
                                key=lambda r: (-(s.t32.get(r.anchor, 0.0) - s.t8.get(r.anchor, 0.0)), r.anchor))
                 marginal.update(region_sensitivity(meter, order, [s.by_anchor[a] for a in sorted(fixed)],
