@@ -36,14 +36,16 @@ class Sensitivity:
 
 
 def cosine_loss(ref: dict[str, torch.Tensor], test: dict[str, torch.Tensor]) -> float:
-    """Mean over outputs of 1 - cos(ref, test), each flattened."""
+    """Mean over outputs of 1 - cos(ref, test), each flattened (computed as |a/|a| - b/|b||^2 / 2)."""
     losses = []
     for k, r in ref.items():
         a, b = r.reshape(-1).double(), test[k].reshape(-1).double()
-        if torch.equal(a, b):
-            losses.append(0.0)  # exactly: 1 - a.a / |a|^2 leaves rounding noise
+        na, nb = float(a.norm()), float(b.norm())
+        if na == 0.0 or nb == 0.0:
+            losses.append(0.0 if na == nb else 1.0)
             continue
-        losses.append(max(0.0, 1.0 - float(a @ b) / max(float(a.norm() * b.norm()), 1e-300)))
+        # 1 - cos = |a/|a| - b/|b||^2 / 2, without the cancellation of 1 - a.b/(|a||b|) near one-hot outputs
+        losses.append(0.5 * float(((a / na - b / nb) ** 2).sum()))
     return float(sum(losses) / max(len(losses), 1))
 
 

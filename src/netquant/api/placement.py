@@ -413,12 +413,15 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         budget_float &= current
     if current == all_anchors and frozenset(current) not in seen:
         candidates.append((p32.node_total_ms, frozenset(current)))
+    elif frozenset(current) not in seen:  # decided but not profiled (time cap): the all-INT8 profile's total with
+        # the floated regions' FP32 times in place of their INT8 times
+        estimate = p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current)
+        candidates.append((estimate, frozenset(current)))
+        measured["placed_ms_estimated"] = 1
     ok = [(t, fl) for t, fl in candidates if max_loss is None or loss(set(fl)) <= max_loss]
     if not ok:  # the budget's candidate was not profiled (time cap): its time is the sum of its regions' times
         current = s.settle(current)
-        estimate = region_times(p32, s.nmap, s.region_of, set()).get(OTHER, 0.0) + sum(
-            s.t32.get(a, 0.0) if a in current else s.t8.get(a, 0.0) for a in all_anchors)
-        ok = [(estimate, frozenset(current))]
+        ok = [(p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current), frozenset(current))]
         measured["placed_ms_estimated"] = 1
     best_t, best = min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1])))
     final_loss = loss(set(best)) if meter is not None else None
