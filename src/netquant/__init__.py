@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-_API_NAMES = ("quantize_onnx", "quantize_torch", "QuantizedModel")
+_API_NAMES = ("quantize_onnx", "quantize_torch", "QuantizedModel", "Objective")
 
 
 def __getattr__(name: str) -> object:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -28,16 +28,20 @@ from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
 
+if TYPE_CHECKING:
+    from netquant.api.placement import Placement
+
 
 class QuantizedModel:
     """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
-                 calib_data: CalibrationData | None = None) -> None:
+                 calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
         self.qgraph = qgraph
         self.source = source
         self.timings = dict(timings or {})
         self._calib_data = calib_data
+        self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -67,7 +71,15 @@ class QuantizedModel:
                 "quantized_by_type": dict(sorted(types.items())), "timings_s": dict(self.timings),
                 "cleanup": dataclasses.asdict(self.qgraph.cleanup),
                 "calibration": dataclasses.asdict(self.qgraph.calibration),
+                "placement": self.placement.summary() if self.placement is not None else None,
                 "warnings": list(self.warnings)}
+
+    def save_placement(self, path: str | Path) -> Path:
+        """Write this model's placement file (JSON), re-applied with quantize_onnx(..., placement_from=path)."""
+        if self.placement is None:
+            raise ConfigError("this model has no placement (quantized with objective=None on a platform placement "
+                              "does not measure); nothing to save")
+        return self.placement.save(path)
 
     # ---- running ---------------------------------------------------------------------------
     def run(self, inputs: Any, fake_quant: bool = True,

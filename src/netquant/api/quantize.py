@@ -87,17 +87,26 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
     after bias quantization and before the final deployability check (so they see calibrated params).
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
-    force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...).
+    force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
+    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
+    see netquant.api.placement).
     """
     t0 = time.perf_counter()
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
-    timings = {**run.timings, "total": time.perf_counter() - t0}
+    timings = dict(run.timings)
+    from netquant.api.placement import place
+
+    t1 = time.perf_counter()
+    placement = place(run.qgraph, s, elapsed_s=t1 - t0)  # objective / placement_from: measured INT8-or-float per region
+    if placement is not None:
+        timings["placement"] = time.perf_counter() - t1
+    timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    return QuantizedModel(run.qgraph, source, timings, kept)
+    return QuantizedModel(run.qgraph, source, timings, kept, placement)
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,

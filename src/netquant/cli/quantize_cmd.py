@@ -67,6 +67,11 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
         return path
     text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
             "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
+    if qmodel.placement is not None:
+        text += ("\n## Placement: INT8 or float per region\n\nMeasured in onnxruntime on this machine (batch 1, one "
+                 "thread, per-node medians; each region's time includes its Q/DQ and layout glue). A region stays "
+                 "float when it runs slower in INT8 or when the accuracy budget needs it.\n\n"
+                 + qmodel.placement.markdown())
     if qmodel.platform.cpu_target is not None:
         text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first calibration "
                  "batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with full-range int8 "
@@ -74,6 +79,19 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
                  f"'{qmodel.platform.cpu_target.value}'), the share of outputs full-range weights change there, and "
                  "the signal/saturation ratio.\n\n" + saturation_markdown(qmodel.saturation_report()))
     return write_text_atomic(path, text, "per-layer report")
+
+
+def _placement_line(qmodel: QuantizedModel) -> str:
+    """One line for the summary: regions in INT8 / float and the measured latency ratio."""
+    p = qmodel.placement
+    if p is None:
+        return ""
+    n8 = sum(r.decision == "int8" for r in p.regions)
+    m = p.measured
+    times = (f"; measured here {m['fp32_ms']:.2f} ms FP32 -> {m['placed_ms']:.2f} ms placed "
+             f"(all INT8 {m['all_int8_ms']:.2f} ms)") if "placed_ms" in m else ""
+    return (f"{p.objective}: {n8} of {len(p.regions)} regions in INT8{times}"
+            + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
 
 
 @dataclass
@@ -98,6 +116,7 @@ class RunFacts:
     cpu_target: str | None = None
     engine: str = "onnxruntime"
     engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
+    placement: str = ""
     extra_files: list[Path] = field(default_factory=list)
 
 
@@ -132,6 +151,8 @@ def summary_table(f: RunFacts) -> Table:
     t.add_row("opset", f.opset)
     if f.cpu_target:
         t.add_row("CPU target", f"{f.cpu_target} (this machine: {host_target()})")
+    if f.placement:
+        t.add_row("placement", f.placement)
     t.add_row("validated in", f.validated_with or "-")
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
     t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
@@ -181,12 +202,24 @@ def summary_table(f: RunFacts) -> Table:
                    "ARM64 CPU), x86-no-vnni, x86-vnni, arm64, host (this machine; see `netquant doctor`).")
 @click.option("--weight-scheme", default=None,
               help="int8 | int7 | uint8 | int8-pairs (default: the platform's choice for --target).")
+@click.option("--objective", type=click.Choice(["latency", "balanced", "accuracy", "none"], case_sensitive=False),
+              default="balanced", show_default=True,
+              help="Automatic placement: each region runs in INT8 only where onnxruntime here runs it faster, then the "
+                   "most sensitive regions stay float within --max-loss; 'none': the platform's rules only.")
+@click.option("--max-loss", type=click.FloatRange(min=0.0), default=None,
+              help="Accuracy budget of placement: 1 - output cosine vs FP32 (default: 0.02 balanced, 0.005 accuracy, "
+                   "none for latency).")
+@click.option("--placement", "placement_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also write the placement file (JSON: per-region decisions with their measurements).")
+@click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Re-apply a placement file instead of measuring (same model, platform and settings).")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
-             keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None) -> None:
+             keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None, objective: str,
+             max_loss: float | None, placement_path: Path | None, placement_from: Path | None) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
@@ -208,8 +241,10 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
                          ExportKind.TFLITE: "TFLite model"}.get(kind, "ONNX model")),
          *[(f"-o {c.suffix}", c.default_path(output), c.what) for c in beside],
          ("--json", json_path, "quant-params JSON"),
-         ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
-        inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else [])])
+         ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report"),
+         ("--placement", placement_path, "placement file")],
+        inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else []),
+                *([placement_from] if placement_from is not None else [])])
     inputs = model_inputs(model)
     opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
                         std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),
@@ -238,12 +273,17 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         settings["target"] = target
     if weight_scheme is not None:
         settings["weight_scheme"] = weight_scheme
+    settings["objective"] = None if objective.lower() == "none" else objective.lower()
+    if max_loss is not None:
+        settings["max_loss"] = max_loss
+    if placement_from is not None:
+        settings["placement_from"] = str(placement_from)
     batches = split_batches(data, inputs, batch_size)
     qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform, **settings)
     for w in messages:
         warn(console, w)
     t_quant = time.perf_counter()
-    extra = [p for p in (json_path, trt_cache, report_path) if p is not None]
+    extra = [p for p in (json_path, trt_cache, report_path, placement_path) if p is not None]
     with plan.staged() as stage:
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
@@ -257,6 +297,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
             stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
         if trt_cache is not None:
             stage.write("--trt-cache", lambda p: export_trt_calibration_cache(qmodel.qgraph, p))
+        if placement_path is not None:
+            stage.write("--placement", lambda p: qmodel.save_placement(p))
         if report_path is not None:
             with console.status(f"writing per-layer report {report_path}"):
                 title = f"per-layer quantization error: {model.name} on {platform.name}"
@@ -276,7 +318,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
             + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
-        extra_files=extra)
+        extra_files=extra, placement=_placement_line(qmodel))
     for w in report.warnings:
         warn(console, w)
     if not quiet:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import enum
+import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -11,6 +13,28 @@ from netquant.errors import ConfigError
 from netquant.passes.overrides import OpSelector, Override
 from netquant.platforms import Platform, get_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme
+
+
+class Objective(enum.StrEnum):
+    """What automatic placement (api.placement) optimises: each region runs in INT8 only where measured faster in
+    the target engine; then the most sensitive regions stay float until the output loss is within `max_loss`.
+
+    LATENCY: speed only (no accuracy budget unless max_loss is given); BALANCED (default): speed, then the budget,
+    floating first the regions that buy the most accuracy per millisecond lost; ACCURACY: a 4x tighter default
+    budget, floating the most sensitive regions first.
+    """
+
+    LATENCY = "latency"
+    BALANCED = "balanced"
+    ACCURACY = "accuracy"
+
+    @classmethod
+    def parse(cls, value: Objective | str) -> Objective:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"objective must be one of {', '.join(o.value for o in cls)} (or None: the platform's "
+                              f"rules only), got {value!r}") from None
 
 
 @dataclass
@@ -29,6 +53,13 @@ class QuantSettings:
     range_bits: significant bits kept of each calibrated activation range end, rounded outward
         (calib.ranges.round_range_outward); makes scales immune to float summation-order noise
         (torch thread count).  None = the observer's exact range.
+    objective: automatic placement (Objective; None = the platform's rules only, no measurement).
+    max_loss: the accuracy budget of placement: 1 - output cosine vs FP32 by default, or with `metric` the allowed
+        drop of metric(outputs, target) (higher is better) on `eval_data` ((inputs, target) pairs); None = the
+        objective's default.
+    placement_from: a placement file (JSON, QuantizedModel.save_placement) to re-apply instead of measuring.
+    placement_time_s: cap on placement's profiling and sensitivity seconds (None: as long as quantization took
+        before it, at least 5 s).
     """
 
     platform: Platform
@@ -51,6 +82,12 @@ class QuantSettings:
     range_bits: int | None = 8
     target: CpuTarget | str | None = None
     weight_scheme: WeightScheme | str | None = None
+    objective: Objective | str | None = Objective.BALANCED
+    max_loss: float | None = None
+    metric: Callable[[Any, Any], float] | None = None
+    eval_data: Any = None
+    placement_from: str | os.PathLike[str] | None = None
+    placement_time_s: float | None = None
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
@@ -79,6 +116,17 @@ class QuantSettings:
             self.target = CpuTarget.parse(self.target)
         if self.weight_scheme is not None:
             self.weight_scheme = WeightScheme.parse(self.weight_scheme)
+        if self.objective is not None:
+            self.objective = Objective.parse(self.objective)
+        if self.max_loss is not None and (not isinstance(self.max_loss, (int, float)) or self.max_loss < 0):
+            raise ConfigError(f"max_loss must be None or a number >= 0, got {self.max_loss!r}")
+        if self.metric is not None and not callable(self.metric):
+            raise ConfigError(f"metric must be a callable metric(outputs, target) -> float, got {self.metric!r}")
+        if (self.metric is None) != (self.eval_data is None):
+            raise ConfigError("metric and eval_data go together: metric(outputs, target) -> float is averaged over "
+                              "eval_data, an iterable of (inputs, target) pairs")
+        if self.placement_time_s is not None and self.placement_time_s < 0:
+            raise ConfigError(f"placement_time_s must be None or >= 0, got {self.placement_time_s!r}")
         if self.max_calib_batches is not None and self.max_calib_batches < 1:
             raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
         from netquant.passes.observers import observer_names

@@ -1,0 +1,174 @@
+"""How much each region's quantization costs in output quality, measured with the fake-quant executor.
+
+The loss of a placement (some regions kept in float, analysis.regions.keep_float) on a few calibration batches:
+- default: mean over the model outputs of 1 - cosine(FP32 output, fake-quant output), each output flattened
+  over the batches (0 = identical; 1 - cos ~ NSR / 2 for small noise, NSR = 10^(-SNR/10));
+- with `metric(outputs, target) -> float` (higher is better) on (inputs, target) pairs: metric(FP32) - metric(int8).
+
+Per region: `only` = the loss with only that region quantized, `all_but` = the loss with every other region
+quantized and this one in float; `gain` = loss(all quantized) - all_but, what keeping it in float buys.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from netquant.analysis.regions import Region, keep_float
+from netquant.core.tensor_config import TensorQuantConfig
+from netquant.graph import Executor, Node
+from netquant.passes.quant_graph import QuantizedGraph, emits, fake_quant
+
+Metric = Callable[[dict[str, torch.Tensor], Any], float]
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Losses of one region (see module docstring); None where not measured (time cap)."""
+
+    only: float | None
+    all_but: float | None
+    gain: float | None
+
+
+def cosine_loss(ref: dict[str, torch.Tensor], test: dict[str, torch.Tensor]) -> float:
+    """Mean over outputs of 1 - cos(ref, test), each flattened (computed as |a/|a| - b/|b||^2 / 2)."""
+    losses = []
+    for k, r in ref.items():
+        a, b = r.reshape(-1).double(), test[k].reshape(-1).double()
+        na, nb = float(a.norm()), float(b.norm())
+        if na == 0.0 or nb == 0.0:
+            losses.append(0.0 if na == nb else 1.0)
+            continue
+        # 1 - cos = |a/|a| - b/|b||^2 / 2, without the cancellation of 1 - a.b/(|a||b|) near one-hot outputs
+        losses.append(0.5 * float(((a / na - b / nb) ** 2).sum()))
+    return float(sum(losses) / max(len(losses), 1))
+
+
+class LossMeter:
+    """loss(float_regions): the quality loss of the fake-quant model with those regions kept in float.
+
+    One executor serves every call: its hooks fake-quantize with the configs that emit under the current
+    placement (the same rule as QuantizedGraph.attach_fake_quant, exact accumulation); weights are fake-quantized
+    once (keep_float changes states, never params).
+    """
+
+    def __init__(self, qgraph: QuantizedGraph, data: Iterable[Any], metric: Metric | None = None) -> None:
+        self.qgraph = qgraph
+        self.metric = metric
+        self.data = list(data)
+        self.calls = 0
+        self._in: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
+        self._out: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
+        self._weights: dict[int, torch.Tensor] = {}
+        self._inits = set(qgraph.graph.initializers)
+        self.executor = Executor(qgraph.graph)
+        self.executor.add_pre_hook(self._pre)
+        self.executor.add_post_hook(self._post)
+        with torch.no_grad():
+            if metric is None:
+                self.reference = self._concat([self.executor.run(b) for b in self.data])
+                self.reference_score = 0.0
+            else:
+                self.reference_score = self._score([self.executor.run(b) for b, _ in self.data])
+
+    def _apply(self, node: Node, tensors: list[Any], plan: list[tuple[int, TensorQuantConfig]],
+               is_input: bool) -> list[Any]:
+        out = list(tensors)
+        for i, cfg in plan:
+            x = out[i] if i < len(out) else None
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                continue
+            if is_input and node.inputs[i] in self._inits:
+                hit = self._weights.get(id(cfg))
+                if hit is None:
+                    hit = self._weights[id(cfg)] = fake_quant(x, cfg)
+                out[i] = hit
+            else:
+                out[i] = fake_quant(x, cfg)
+        return out
+
+    def _pre(self, node: Node, inputs: list[Any]) -> list[Any] | None:
+        plan = self._in.get(node.name)
+        return self._apply(node, inputs, plan, True) if plan else None
+
+    def _post(self, node: Node, outputs: list[Any]) -> list[Any] | None:
+        plan = self._out.get(node.name)
+        return self._apply(node, outputs, plan, False) if plan else None
+
+    def _plan(self, on: bool) -> None:
+        self._in, self._out = {}, {}
+        if not on:
+            return
+        for name, oc in self.qgraph.op_configs.items():
+            ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
+            outs = [(i, c) for i, c in enumerate(oc.outputs) if emits(c)]
+            if ins:
+                self._in[name] = ins
+            if outs:
+                self._out[name] = outs
+
+    @staticmethod
+    def _concat(runs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return {k: torch.cat([r[k].reshape(-1).float() for r in runs]) for k in runs[0]}
+
+    def _score(self, runs: Sequence[dict[str, torch.Tensor]]) -> float:
+        assert self.metric is not None
+        return float(sum(float(self.metric(out, t)) for out, (_, t) in zip(runs, self.data)) / max(len(runs), 1))
+
+    def loss(self, float_regions: Iterable[Region] = ()) -> float:
+        self.calls += 1
+        with keep_float(self.qgraph, list(float_regions)), torch.no_grad():
+            self._plan(True)
+            try:
+                if self.metric is None:
+                    return cosine_loss(self.reference, self._concat([self.executor.run(b) for b in self.data]))
+                return self.reference_score - self._score([self.executor.run(b) for b, _ in self.data])
+            finally:
+                self._plan(False)
+
+
+def region_output_nsr(meter: LossMeter, regions: Sequence[Region]) -> dict[str, float]:
+    """Noise-to-signal ratio sum (y - y_q)^2 / sum y^2 of each region's last output with every region quantized
+    (two executor passes on the meter's data): a cheap local ranking for when the per-region losses do not fit the
+    time cap."""
+    outs = {r.anchor: meter.qgraph.graph.node(r.ops[-1]).outputs[0] for r in regions}
+    names = sorted(set(outs.values()))
+    batches = [b if meter.metric is None else b[0] for b in meter.data]
+    with torch.no_grad():
+        meter._plan(False)
+        ref = [meter.executor.run(b, outputs=names) for b in batches]
+        meter._plan(True)
+        try:
+            test = [meter.executor.run(b, outputs=names) for b in batches]
+        finally:
+            meter._plan(False)
+    out = {}
+    for anchor, t in outs.items():
+        num = sum(float(((r[t].double() - q[t].double()) ** 2).sum()) for r, q in zip(ref, test))
+        den = sum(float((r[t].double() ** 2).sum()) for r in ref)
+        out[anchor] = num / max(den, 1e-300)
+    return out
+
+
+def region_sensitivity(meter: LossMeter, regions: Sequence[Region], base_float: Sequence[Region] = (),
+                       deadline: float | None = None, only: bool = True) -> tuple[float, dict[str, Sensitivity]]:
+    """(loss with every region but `base_float` quantized, {anchor: Sensitivity}) for `regions`, most time-consuming
+    measurements last; regions not reached before `deadline` (time.perf_counter()) get None entries."""
+    base = list(base_float)
+    full = meter.loss(base)
+    out: dict[str, Sensitivity] = {}
+    for r in regions:
+        if deadline is not None and time.perf_counter() > deadline:
+            out[r.anchor] = Sensitivity(None, None, None)
+            continue
+        all_but = meter.loss([*base, r])
+        alone = None
+        if only:
+            alone = meter.loss([x for x in regions if x is not r] + [b for b in base if b not in regions])
+        out[r.anchor] = Sensitivity(alone, all_but, full - all_but)
+    return full, out

@@ -1,0 +1,457 @@
+"""Automatic placement: each region runs in INT8 only where that is faster in onnxruntime here and accurate enough.
+
+The algorithm (`search_placement`), deterministic for a given set of measurements:
+1. regions: analysis.regions.find_regions of the quantized graph (each Conv / MatMul / Gemm with the quantized ops
+   that ride on it);
+2. measure: profile the FP32 graph and the all-INT8 QDQ export in onnxruntime (CPU, batch 1, one thread; per-node
+   medians) and charge each node, with its Q/DQ and layout glue, to a region (analysis.profile): fp32_ms and
+   int8_ms per region;
+3. speed: a region stays float where int8_ms > 1.05 fp32_ms + 2 us (the profiler's noise), else it runs in INT8;
+4. accuracy budget (analysis.sensitivity): while the fake-quant output loss of the placement exceeds max_loss, keep
+   in float the INT8 region with the highest score: its gain (loss(all INT8) - loss(all but it)) per millisecond it
+   saves (BALANCED) or its gain alone (ACCURACY);
+5. iterate: export the candidate, profile it, refresh each region's time in its current state (its glue changes
+   with its neighbours), decide step 3 again; stop when nothing changes, after MAX_ROUNDS or at the time cap;
+6. keep the fastest measured candidate that meets the budget (the all-INT8 graph included).
+
+The result is a `Placement`, saved as JSON (`Placement.save`) and re-applied without measuring (`placement_from`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from netquant.analysis.profile import OTHER, NodeMap, OrtProfile, ort_requantizes, profile_onnx, region_times
+from netquant.analysis.regions import find_regions, keep_float
+from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
+from netquant.atomic import write_text_atomic
+from netquant.errors import ConfigError
+from netquant.export.ort_kernels import INT8_KERNEL_OPS
+from netquant.passes.quant_graph import QuantizedGraph
+from netquant.passes.settings import Objective, QuantSettings
+from netquant.platforms.platform import Validation
+
+FORMAT = "netquant.placement/1"
+MAX_ROUNDS = 3
+DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
+MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
+MIN_TIME_S = 3.0
+TIME_SHARE = 0.5  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
+PROFILE_RUNS = 20
+SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
+SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
+
+
+class Reason:
+    """Why a region got its decision (the strings in placement files and reports)."""
+
+    FASTER = "faster in int8"
+    SLOWER = "slower in int8"
+    BUDGET = "accuracy budget"
+    FILE = "placement file"
+    FORCED = "onnxruntime quantizes it anyway when float (Q/DQ both sides)"
+
+
+@dataclass
+class RegionDecision:
+    """One region's decision with what it was based on (times in ms per batch-1 run, losses as in sensitivity)."""
+
+    anchor: str
+    op_type: str
+    ops: list[str]
+    decision: str  # "int8" | "float"
+    reason: str
+    int8_ms: float | None = None
+    fp32_ms: float | None = None
+    loss_only: float | None = None
+    loss_all_but: float | None = None
+    gain: float | None = None
+
+    def row(self) -> list[str]:
+        def f(x: float | None, fmt: str) -> str:
+            return "-" if x is None else format(x, fmt)
+
+        return [self.anchor, self.op_type, self.decision, self.reason, f(self.fp32_ms, ".3f"), f(self.int8_ms, ".3f"),
+                f(self.loss_only, ".2e"), f(self.gain, ".2e")]
+
+
+ROW_HEADER = ["region (anchor op)", "type", "runs in", "why", "FP32 ms", "INT8 ms", "loss if only it is int8",
+              "loss saved if float"]
+
+
+@dataclass
+class Placement:
+    """Per-region INT8 / float decisions for one model, platform and host, with their measurements."""
+
+    model_sha256: str
+    platform: str
+    target: str
+    host: dict[str, str]
+    objective: str
+    max_loss: float | None
+    loss_metric: str
+    regions: list[RegionDecision] = field(default_factory=list)
+    measured: dict[str, Any] = field(default_factory=dict)
+    note: str = ""
+    format: str = FORMAT
+
+    def float_anchors(self) -> list[str]:
+        return [r.anchor for r in self.regions if r.decision == "float"]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        write_text_atomic(path, self.to_json(), what="placement file")
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Placement:
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"cannot read placement file '{path}': {exc}") from exc
+        if not isinstance(data, dict) or data.get("format") != FORMAT:
+            raise ConfigError(f"'{path}' is not a netquant placement file (format '{FORMAT}' expected)")
+        try:
+            regions = [RegionDecision(**r) for r in data.pop("regions")]
+            return cls(regions=regions, **data)
+        except TypeError as exc:
+            raise ConfigError(f"placement file '{path}' has unexpected fields: {exc}") from exc
+
+    def summary(self) -> dict[str, Any]:
+        """The decisions and totals for QuantizedModel.summary()."""
+        return {"objective": self.objective, "max_loss": self.max_loss, "loss_metric": self.loss_metric,
+                "host": dict(self.host), "measured": dict(self.measured), "note": self.note,
+                "int8_regions": sum(r.decision == "int8" for r in self.regions),
+                "float_regions": sum(r.decision == "float" for r in self.regions),
+                "regions": [asdict(r) for r in self.regions]}
+
+    def markdown(self) -> str:
+        """The decision table of the report (--report x.md)."""
+        lines = [f"Placement ({self.objective}, max_loss {self.max_loss}, {self.loss_metric}) on {self.host.get('cpu', '?')}"
+                 f" ({self.host.get('kernel_family', '?')}): " + ", ".join(f"{k} {v}" for k, v in self.measured.items()),
+                 ""]
+        if self.note:
+            lines += [self.note, ""]
+        if "placed_ms" not in self.measured and self.note:
+            return "\n".join(lines)  # not measured: no decision table to show
+        lines.append("| " + " | ".join(ROW_HEADER) + " |")
+        lines.append("|" + "---|" * len(ROW_HEADER))
+        lines += ["| " + " | ".join(r.row()) + " |" for r in self.regions]
+        return "\n".join(lines) + "\n"
+
+
+def model_hash(qgraph: QuantizedGraph) -> str:
+    """sha256 of the cleaned-up FP32 graph (what placement decisions refer to)."""
+    from netquant.graph import to_onnx
+
+    return hashlib.sha256(to_onnx(qgraph.graph, check=False).SerializeToString(deterministic=True)).hexdigest()
+
+
+def _host() -> dict[str, str]:
+    import onnxruntime as ort
+
+    from netquant.platforms.targets import host_info, kernel_family
+
+    info = host_info(ort_threads=1)
+    return {"cpu": info.cpu.describe(), "kernel_family": f"{info.accumulation.value}: "
+            f"{kernel_family(info.accumulation, info.cpu)}", "onnxruntime": ort.__version__}
+
+
+def _first(batch: dict[str, torch.Tensor], qgraph: QuantizedGraph, n: int) -> dict[str, torch.Tensor]:
+    """The first n samples of a calibration batch (all of it where the model's batch dimension is fixed)."""
+    out = {}
+    for v in qgraph.graph.inputs:
+        if v.name in batch:
+            x = batch[v.name]
+            fixed = v.shape is not None and len(v.shape) > 0 and isinstance(v.shape[0], int) and v.shape[0] > 0
+            out[v.name] = x if fixed or x.dim() == 0 else x[:n]
+    return out
+
+
+def _batch1(batch: dict[str, torch.Tensor], qgraph: QuantizedGraph) -> dict[str, np.ndarray]:
+    """One sample of a calibration batch, as numpy feeds for onnxruntime."""
+    return {k: v.detach().cpu().numpy() for k, v in _first(batch, qgraph, 1).items()}
+
+
+def applies(settings: QuantSettings, qgraph: QuantizedGraph) -> bool:
+    """True when placement can measure this platform (onnxruntime CPU) and an objective or file is set."""
+    if settings.placement_from is not None:
+        return True
+    return settings.objective is not None and qgraph.platform.validation is Validation.ONNXRUNTIME
+
+
+def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float) -> Placement | None:
+    """Apply a placement to `qgraph` (in place): from settings.placement_from, else measured (search_placement)."""
+    if settings.placement_from is not None:
+        return apply_placement_file(qgraph, settings.placement_from)
+    if not applies(settings, qgraph):
+        return None
+    budget = settings.placement_time_s if settings.placement_time_s is not None else max(MIN_TIME_S, TIME_SHARE * elapsed_s)
+    return search_placement(qgraph, settings, time_budget_s=budget)
+
+
+def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str]) -> Placement:
+    """Keep in float the regions a placement file says, after checking it was made for this model and platform."""
+    placement = Placement.load(path)
+    digest = model_hash(qgraph)
+    if placement.model_sha256 != digest:
+        raise ConfigError(f"placement file '{path}' was made for another model (sha256 {placement.model_sha256[:12]}"
+                          f"..., this model after clean-up: {digest[:12]}...); measure again (drop placement_from / "
+                          "--placement-from) or use the same model and clean-up settings")
+    if placement.platform != qgraph.platform.name:
+        raise ConfigError(f"placement file '{path}' is for platform '{placement.platform}', not "
+                          f"'{qgraph.platform.name}'")
+    regions = {r.anchor: r for r in find_regions(qgraph)}
+    missing = [a for a in placement.float_anchors() if a not in regions]
+    if missing:
+        raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float, but this "
+                          "quantized graph has no such region (other quantization settings?); measure again")
+    keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
+    placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
+    return placement
+
+
+class _Search:
+    """State of one placement search (see the module docstring)."""
+
+    def __init__(self, qgraph: QuantizedGraph, settings: QuantSettings, deadline: float) -> None:
+        self.qgraph = qgraph
+        self.settings = settings
+        self.deadline = deadline
+        self.regions = find_regions(qgraph)
+        self.by_anchor = {r.anchor: r for r in self.regions}
+        self.region_of = {op: r.anchor for r in self.regions for op in r.ops}
+        self.nmap = NodeMap(qgraph.graph)
+        batch = qgraph.sample_inputs if qgraph.sample_inputs is not None else (
+            qgraph.validation_batches[0] if qgraph.validation_batches else None)
+        self.feeds: dict[str, np.ndarray] | None = _batch1(batch, qgraph) if batch is not None else None
+        self.t8: dict[str, float] = {}
+        self.t32: dict[str, float] = {}
+        self.forced: set[str] = set()
+        self.profiles = 0
+        self.profile_s = 0.0
+
+    def profile(self, float_set: set[str]) -> OrtProfile:
+        from netquant.export.onnx_qdq import build_qdq_model
+
+        t = time.perf_counter()
+        self.profiles += 1
+        with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
+            model, _, _ = build_qdq_model(self.qgraph)
+        prof = profile_onnx(model, self.feeds or {}, runs=PROFILE_RUNS)
+        self.profile_s += time.perf_counter() - t
+        return prof
+
+    def settle(self, float_set: set[str]) -> set[str]:
+        """`float_set` less the regions onnxruntime would run in INT8 anyway (analysis.profile.ort_requantizes, checked
+        on the exported candidate; repeated, since each such region back in INT8 puts Q/DQ next to its neighbours);
+        those are added to self.forced."""
+        from netquant.export.onnx_qdq import build_qdq_model
+
+        current = set(float_set)
+        for _ in range(len(self.by_anchor)):
+            if not current:
+                break
+            with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(current)]):
+                model, _, _ = build_qdq_model(self.qgraph)
+            hit = ort_requantizes(model, current)
+            if not hit:
+                break
+            self.forced |= hit
+            current -= hit
+        return current
+
+    def profile_fp32(self) -> OrtProfile:
+        from netquant.graph import to_onnx
+
+        t = time.perf_counter()
+        self.profiles += 1
+        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds or {}, runs=PROFILE_RUNS)
+        self.profile_s += time.perf_counter() - t
+        return prof
+
+    def update(self, prof: OrtProfile, float_set: set[str]) -> set[str]:
+        """Refresh each region's time in its state in `prof`; returns the float regions onnxruntime ran in int8 anyway
+        (its WeightBiasQuantization quantizes a float Conv / Gemm between a Dequantize and a Quantize, per-tensor)."""
+        int8 = {a for a in self.by_anchor if a not in float_set}
+        times = region_times(prof, self.nmap, self.region_of, int8)
+        forced = set()
+        for node, op_type in prof.op_types.items():
+            if op_type in INT8_KERNEL_OPS:
+                ref = self.nmap.resolve(prof, node)
+                anchor = self.region_of.get(ref[1]) if ref is not None and ref[0] == "op" else None
+                if anchor in float_set:
+                    forced.add(anchor)
+        for a in self.by_anchor:
+            if a not in forced:
+                (self.t32 if a in float_set else self.t8)[a] = times.get(a, 0.0)
+        self.forced |= forced
+        return forced
+
+    def slower(self) -> set[str]:
+        """Regions measured slower in INT8 beyond the noise margin (ties and noise keep INT8)."""
+        return {a for a in self.by_anchor if self.t8.get(a, 0.0) > SLOWER_MARGIN * self.t32.get(a, math.inf) + SLOWER_MS}
+
+
+def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0) -> Placement:
+    """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it."""
+    start = time.perf_counter()
+    objective = Objective.parse(settings.objective) if settings.objective is not None else Objective.BALANCED
+    max_loss = settings.max_loss if settings.max_loss is not None else DEFAULT_MAX_LOSS[objective]
+    metric_name = "user metric drop" if settings.metric is not None else "1 - output cosine"
+    placement = Placement(model_hash(qgraph), qgraph.platform.name, str(getattr(qgraph.platform, "cpu_target", "")),
+                          _host(), objective.value, max_loss, metric_name)
+    s = _Search(qgraph, settings, start + time_budget_s)
+    if not s.regions or s.feeds is None:
+        placement.note = "not measured: no quantized region" if not s.regions else "not measured: no calibration batch kept"
+        placement.regions = [RegionDecision(r.anchor, r.op_type, list(r.ops), "int8", "rules (not measured)")
+                             for r in s.regions]
+        return placement
+    weights = sum(int(qgraph.graph.initializers[i].numel()) for r in s.regions for op in r.ops
+                  for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
+    if weights < MIN_WEIGHTS:
+        placement.note = (f"not measured: {weights} weights in all regions (< {MIN_WEIGHTS}), too small for per-op "
+                          "timing; the platform's rules decide")
+        placement.regions = [RegionDecision(r.anchor, r.op_type, list(r.ops), "int8", "rules (model too small)")
+                             for r in s.regions]
+        return placement
+
+    all_anchors = set(s.by_anchor)
+    p32 = s.profile_fp32()
+    s.update(p32, all_anchors)
+    p8 = s.profile(set())
+    s.update(p8, set())
+    measured: dict[str, float] = {"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms}
+    candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
+    float_speed = s.settle(s.slower())
+
+    # accuracy budget
+    budget_float: set[str] = set()
+    sens: dict[str, Sensitivity] = {}
+    loss_of: dict[frozenset[str], float] = {}
+    meter: LossMeter | None = None
+
+    def loss(fl: set[str]) -> float:
+        """The budget's loss of a float set (memoised; 0 without a budget)."""
+        key = frozenset(fl)
+        if meter is None:
+            return 0.0
+        if key not in loss_of:
+            loss_of[key] = meter.loss([s.by_anchor[a] for a in sorted(fl)])
+        return loss_of[key]
+
+    marginal: dict[str, Sensitivity] = {}
+    local: dict[str, float] = {}
+
+    def score(a: str) -> tuple[float, str]:
+        """Greedy order: the loss floating `a` saves on top of the speed floats, or where those were not all measured
+        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED."""
+        complete = all(se.gain is not None for se in marginal.values())
+        se = marginal.get(a)
+        gain = (se.gain or 0.0) if complete and se is not None else local.get(a, 0.0)
+        if objective is Objective.ACCURACY:
+            return gain, a
+        return gain / max(s.t32.get(a, 0.0) - s.t8.get(a, 0.0), 1e-3), a
+
+    def fill_budget(fixed: set[str], exclude: set[str]) -> set[str]:
+        """Regions to float on top of `fixed`, best score first, until the loss is within max_loss."""
+        extra: set[str] = set()
+        if meter is None or max_loss is None:
+            return extra
+        while loss(fixed | extra) > max_loss:
+            left = [a for a in sorted(s.by_anchor) if a not in fixed | extra | exclude]
+            if not left:
+                break
+            if not marginal:  # measured once, when the budget first needs it
+                local.update(region_output_nsr(meter, s.regions))
+                order = sorted((s.by_anchor[a] for a in left),
+                               key=lambda r: (-(s.t32.get(r.anchor, 0.0) - s.t8.get(r.anchor, 0.0)), r.anchor))
+                marginal.update(region_sensitivity(meter, order, [s.by_anchor[a] for a in sorted(fixed)],
+                                                   deadline=s.deadline, only=False)[1])
+            extra.add(max(left, key=score))
+        return extra
+
+    if max_loss is not None:
+        data = (list(settings.eval_data) if settings.eval_data is not None
+                else [_first(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
+                                                                       or [qgraph.sample_inputs])])
+        meter = LossMeter(qgraph, data, settings.metric)
+    budget_float = fill_budget(float_speed, s.forced)
+    for _ in range(len(all_anchors)):  # a budget float onnxruntime would re-quantize is no float: choose again
+        settled = s.settle(float_speed | budget_float)
+        if settled == float_speed | budget_float:
+            break
+        budget_float = (settled - float_speed) | fill_budget(settled, s.forced)
+    # iterate on the candidate
+    current = float_speed | budget_float
+    seen = {frozenset()}
+    rounds = 0
+    while rounds < MAX_ROUNDS and frozenset(current) not in seen and time.perf_counter() < s.deadline \
+            and current != all_anchors:
+        seen.add(frozenset(current))
+        prof = s.profile(current)
+        rounds += 1
+        forced = s.update(prof, current)
+        if not forced:  # a candidate onnxruntime re-quantized is not the model we would ship
+            candidates.append((prof.node_total_ms, frozenset(current)))
+        speed = s.settle(s.slower() - s.forced)
+        budget_float = (budget_float - s.forced) | fill_budget(speed | (budget_float - s.forced), s.forced)
+        current = s.settle(speed | budget_float)
+        budget_float &= current
+    if current == all_anchors and frozenset(current) not in seen:
+        candidates.append((p32.node_total_ms, frozenset(current)))
+    elif frozenset(current) not in seen:  # decided but not profiled (time cap): the all-INT8 profile's total with
+        # the floated regions' FP32 times in place of their INT8 times
+        estimate = p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current)
+        candidates.append((estimate, frozenset(current)))
+        measured["placed_ms_estimated"] = 1
+    ok = [(t, fl) for t, fl in candidates if max_loss is None or loss(set(fl)) <= max_loss]
+    if not ok:  # the budget's candidate was not profiled (time cap): its time is the sum of its regions' times
+        current = s.settle(current)
+        ok = [(p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current), frozenset(current))]
+        measured["placed_ms_estimated"] = 1
+    best_t, best = min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1])))
+    final_loss = loss(set(best)) if meter is not None else None
+    if meter is not None:  # the report's sensitivities (vs all INT8), within REPORT_SHARE of the cap
+        report_deadline = min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s)
+        for r in sorted(s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
+            if time.perf_counter() > report_deadline:
+                break
+            all_but = loss({r.anchor})
+            sens[r.anchor] = Sensitivity(loss(all_anchors - {r.anchor}), all_but, loss(set()) - all_but)
+    keep_float(qgraph, [s.by_anchor[a] for a in sorted(best)])
+    for r in s.regions:
+        a = r.anchor
+        if a in best:
+            reason = Reason.BUDGET if a in budget_float else Reason.SLOWER
+        elif a in s.forced:
+            reason = Reason.FORCED
+        else:
+            reason = Reason.FASTER if a not in s.slower() else "fastest measured candidate"
+        se = sens.get(a)
+        placement.regions.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason,
+                                                round(s.t8.get(a, 0.0), 4), round(s.t32.get(a, 0.0), 4),
+                                                se.only if se else None, se.all_but if se else None,
+                                                se.gain if se else None))
+    measured.update({"placed_ms": best_t, "speedup_vs_fp32": p32.node_total_ms / best_t if best_t else 0.0,
+                     "other_fp32_ms": region_times(p32, s.nmap, s.region_of, set()).get(OTHER, 0.0),
+                     "loss_all_int8": loss_of.get(frozenset()), "loss_placed": final_loss,
+                     "profiles": s.profiles, "profile_s": s.profile_s, "loss_passes": meter.calls if meter else 0,
+                     "rounds": rounds, "seconds": time.perf_counter() - start})
+    placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
+    if time.perf_counter() > s.deadline:
+        placement.note = f"time cap of {time_budget_s:.1f} s reached: some measurements skipped"
+    return placement

@@ -1,0 +1,47 @@
+"""analysis.sensitivity: fake-quant loss of a placement, per-region sensitivities, local output NSR."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from netquant.analysis.regions import find_regions
+from netquant.analysis.sensitivity import LossMeter, region_output_nsr, region_sensitivity
+from netquant.api import quantize_onnx
+from tests.helpers.placement_models import conv_stack, stack_batches
+
+X = {"x": torch.from_numpy(stack_batches(1, seed=7)[0])}
+
+
+@pytest.fixture(scope="module")
+def qm():
+    return quantize_onnx(conv_stack(), stack_batches(), quiet=True, objective=None)
+
+
+def _cos_loss(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.reshape(-1).double(), b.reshape(-1).double()
+    return 1.0 - float(a @ b / (a.norm() * b.norm()))
+
+
+def test_loss_matches_the_fake_quant_run(qm):
+    meter = LossMeter(qm.qgraph, [X])
+    ref, test = qm.run(X, fake_quant=False)["c2"], qm.run(X)["c2"]
+    assert meter.loss() == pytest.approx(_cos_loss(ref, test), rel=1e-6)
+    regions = find_regions(qm.qgraph)
+    assert meter.loss(regions) == 0.0  # everything float: the FP32 graph exactly
+    full, sens = region_sensitivity(meter, regions)
+    assert full == pytest.approx(meter.loss())
+    for r in regions:
+        s = sens[r.anchor]
+        assert s.all_but == pytest.approx(meter.loss([r])) and s.gain == pytest.approx(full - s.all_but)
+        assert s.only == pytest.approx(meter.loss([x for x in regions if x is not r]))
+        assert s.only >= 0.0
+
+
+def test_region_output_nsr_by_hand(qm):
+    meter = LossMeter(qm.qgraph, [X])
+    nsr = region_output_nsr(meter, find_regions(qm.qgraph))
+    for anchor, tensor in (("conv0", "r0"), ("conv1", "r1"), ("conv2", "c2")):
+        ref = qm.qgraph.run(X, fake_quant=False, outputs=[tensor])[tensor].double()
+        test = qm.qgraph.run(X, outputs=[tensor])[tensor].double()
+        assert nsr[anchor] == pytest.approx(float(((ref - test) ** 2).sum() / (ref ** 2).sum()), rel=1e-6)

@@ -1,0 +1,132 @@
+"""api.placement: measured INT8-or-float per region, the accuracy budget, placement files, CLI flags."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from netquant.api import quantize_onnx
+from netquant.api.placement import Placement, Reason
+from netquant.errors import ConfigError
+from netquant.export import build_qdq_model
+from netquant.passes.settings import Objective
+from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
+from tests.helpers.placement_models import conv_stack, stack_batches
+
+X = {"x": torch.from_numpy(stack_batches(1, seed=7)[0])}
+
+
+def _q(**kw):
+    kw.setdefault("placement_time_s", 30.0)
+    return quantize_onnx(conv_stack(), stack_batches(), quiet=True, **kw)
+
+
+def test_latency_decisions_follow_the_measurements():
+    qm = _q(objective="latency")
+    p = qm.placement
+    assert p is not None and p.objective == "latency" and p.max_loss is None
+    assert [r.anchor for r in p.regions] == ["conv0", "conv1", "conv2"]
+    for r in p.regions:
+        assert r.int8_ms is not None and r.int8_ms > 0 and r.fp32_ms is not None and r.fp32_ms > 0
+        if r.reason == Reason.SLOWER:
+            assert r.decision == "float" and r.int8_ms > 1.05 * r.fp32_ms + 0.002
+        if r.reason == Reason.FASTER:
+            assert r.decision == "int8" and r.int8_ms <= 1.05 * r.fp32_ms + 0.002
+    m = p.measured
+    assert m["fp32_ms"] > 0 and m["all_int8_ms"] > 0 and m["placed_ms"] > 0 and m["profiles"] >= 2
+    s = qm.summary()["placement"]
+    assert s["int8_regions"] + s["float_regions"] == 3 and len(s["regions"]) == 3
+    assert "placement" in qm.timings
+
+
+def test_zero_budget_keeps_everything_float_and_matches_fp32():
+    """max_loss=0: any quantization error breaks the budget, so every region ends in float and the fake-quant
+    model computes the FP32 graph exactly."""
+    qm = _q(objective="accuracy", max_loss=0.0)
+    assert all(r.decision == "float" for r in qm.placement.regions)
+    assert {r.reason for r in qm.placement.regions} <= {Reason.BUDGET, Reason.SLOWER}
+    assert torch.equal(qm.run(X)["c2"], qm.run(X, fake_quant=False)["c2"])
+    assert qm.placement.measured["loss_placed"] == 0.0
+    assert qm.placement.measured["loss_all_int8"] > 0.0
+
+
+def test_user_metric_loss_equals_its_definition():
+    """metric + eval_data: loss = metric(FP32) - metric(INT8); with target = the FP32 output and metric = -MSE, the
+    all-INT8 loss is the MSE of the rules-only model against FP32."""
+    ref = quantize_onnx(conv_stack(), stack_batches(), quiet=True, objective=None)
+    target = ref.run(X, fake_quant=False)["c2"]
+    mse = float(((ref.run(X)["c2"] - target) ** 2).mean())
+
+    def metric(outputs, t):
+        return -float(((outputs["c2"] - t) ** 2).mean())
+
+    qm = _q(objective="balanced", max_loss=1e9, metric=metric, eval_data=[(X, target)])
+    assert qm.placement.loss_metric == "user metric drop"
+    assert qm.placement.measured["loss_all_int8"] == pytest.approx(mse, rel=1e-5)
+    assert all(r.reason != Reason.BUDGET for r in qm.placement.regions)
+
+
+def test_placement_file_round_trip_reproduces_the_model(tmp_path):
+    qm = _q(objective="accuracy", max_loss=0.0)
+    path = qm.save_placement(tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["format"] == "netquant.placement/1" and data["platform"] == "onnxruntime_int8"
+    assert {"cpu", "kernel_family", "onnxruntime"} <= set(data["host"])
+    assert len(data["model_sha256"]) == 64 and len(data["regions"]) == 3
+    again = quantize_onnx(conv_stack(), stack_batches(), quiet=True, placement_from=str(path))
+    assert again.placement.float_anchors() == qm.placement.float_anchors()
+    assert "re-applied" in again.placement.note
+    a = build_qdq_model(qm.qgraph)[0].SerializeToString(deterministic=True)
+    b = build_qdq_model(again.qgraph)[0].SerializeToString(deterministic=True)
+    assert a == b
+    assert Placement.load(path).to_json() == path.read_text()
+
+
+def test_placement_file_for_another_model_is_refused(tmp_path):
+    path = _q(objective="latency").save_placement(tmp_path / "p.json")
+    with pytest.raises(ConfigError, match="another model"):
+        quantize_onnx(conv_stack(seed=5), stack_batches(), quiet=True, placement_from=str(path))
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ConfigError, match="not a netquant placement file"):
+        quantize_onnx(conv_stack(), stack_batches(), quiet=True, placement_from=str(tmp_path / "bad.json"))
+
+
+def test_small_models_keep_the_rules_and_bad_settings_fail():
+    qm = quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 2), quiet=True)
+    assert qm.placement is not None and "not measured" in qm.placement.note
+    assert all(r.decision == "int8" for r in qm.placement.regions)
+    assert quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 2), quiet=True, objective=None).placement is None
+    assert Objective.parse("latency") is Objective.LATENCY
+    with pytest.raises(ConfigError, match="objective must be one of"):
+        quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 2), quiet=True, objective="fast")
+    with pytest.raises(ConfigError, match="metric and eval_data go together"):
+        quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 2), quiet=True, metric=lambda o, t: 0.0)
+    with pytest.raises(ConfigError, match="max_loss"):
+        quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 2), quiet=True, max_loss=-1)
+
+
+def test_cli_objective_placement_and_report(tmp_path):
+    import onnx
+    from click.testing import CliRunner
+
+    from netquant.cli.main import cli
+
+    model = tmp_path / "m.onnx"
+    onnx.save(conv_stack(), str(model))
+    np.save(tmp_path / "calib.npy", np.concatenate(stack_batches()))
+    out, place, report = tmp_path / "q.onnx", tmp_path / "p.json", tmp_path / "r.md"
+    res = CliRunner().invoke(cli, ["quantize", str(model), "--calib", str(tmp_path / "calib.npy"), "-o", str(out),
+                                   "--objective", "accuracy", "--max-loss", "0", "--placement", str(place),
+                                   "--report", str(report)])
+    assert res.exit_code == 0, res.output
+    assert json.loads(place.read_text())["objective"] == "accuracy"
+    text = report.read_text()
+    assert "## Placement" in text and "conv1" in text and "accuracy budget" in text
+    out2 = tmp_path / "q2.onnx"
+    res = CliRunner().invoke(cli, ["quantize", str(model), "--calib", str(tmp_path / "calib.npy"), "-o", str(out2),
+                                   "--placement-from", str(place), "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert onnx.load(str(out2)).graph == onnx.load(str(out)).graph
