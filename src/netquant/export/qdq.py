@@ -220,6 +220,20 @@ class QdqBuilder:
         self._finish()
         return self.model
 
+    def _producer_of(self, tensor: str, producer: Slot) -> onnx.NodeProto:
+        """The node of the exported model that writes `tensor`: the producer op itself, or, where the opset
+        upgrade rewrote it, the node the upgrade left writing that name (Softmax 11 -> 13 writes
+        `<name>_intermediate` and a Reshape writes `<name>`; the Reshape is exact, so quantizing its output
+        quantizes the same values)."""
+        node = self.proto_node(producer.node)
+        if tensor in node.output:
+            return node
+        writer = next((n for n in self.graph.node if tensor in n.output), None)
+        if writer is None:
+            raise ExportError(f"output '{tensor}' of node '{producer.node}' is written by no node of the exported "
+                              "model (the opset upgrade rewrote this node)")
+        return writer
+
     def _rewire(self, slot: Slot, new_name: str) -> None:
         node = self.proto_node(slot.node)
         if slot.index >= len(node.input) or node.input[slot.index] != slot.tensor:
@@ -244,7 +258,7 @@ class QdqBuilder:
     def _activation(self, tensor: str, producer: Slot | None, users: list[Slot]) -> None:
         current: TensorQuantConfig | None = None
         if producer is not None and emits(producer.config):
-            node = self.proto_node(producer.node)
+            node = self._producer_of(tensor, producer)
             fp_name = self.fresh(f"{tensor}_fp32")
             for i, out in enumerate(node.output):
                 if out == tensor:
