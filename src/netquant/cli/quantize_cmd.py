@@ -95,6 +95,7 @@ class RunFacts:
     cosine: dict[str, float]
     seconds: dict[str, float]
     validated_with: str = ""
+    reference_only: bool = False  # the target engine does not run here (TensorRT, QNN, ...)
     cpu_target: str | None = None
     extra_files: list[Path] = field(default_factory=list)
 
@@ -118,9 +119,9 @@ def summary_table(f: RunFacts) -> Table:
     by_type = ", ".join(f"{k} {v}" for k, v in f.by_type.items())
     t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
     kernels = f.int8_kernels
-    t.add_row("int8 kernels in onnxruntime",
-              "not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
-                                                     or "none: onnxruntime runs this model in float"))
+    if kernels is not None:  # only for files onnxruntime is the engine of
+        t.add_row("int8 kernels in onnxruntime", ", ".join(f"{k} x{v}" for k, v in kernels.items())
+                  or "none: onnxruntime runs this model in float")
     if f.runtime_qdq is not None:
         t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
@@ -130,7 +131,9 @@ def summary_table(f: RunFacts) -> Table:
     t.add_row("opset", f.opset)
     if f.cpu_target:
         t.add_row("CPU target", f"{f.cpu_target} (this machine: {host_target()})")
-    t.add_row("validated in", f.validated_with or "-")
+    t.add_row("validated in", (f.validated_with or "-") + (f": {f.platform}'s engine does not run here, so the file "
+                                                          "was checked in the Q/DQ reference semantics only"
+                                                          if f.reference_only else ""))
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
     t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
     for p in f.extra_files:
@@ -157,7 +160,7 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write every tensor's quantization params as JSON.")
 @click.option("--trt-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write a TensorRT calibration cache.")
+              help="Also write a TensorRT calibration cache (tensorrt_int8: written anyway, default OUT.cache).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the per-layer error (SNR dB, cosine of every op output vs FP32, first calibration "
                    "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]).")
@@ -186,12 +189,14 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.export import export_qdq, export_quant_params_json, export_trt_calibration_cache
-    from netquant.platforms import get_platform
+    from netquant.platforms import Validation, get_platform
 
     console = Console(stderr=True, quiet=quiet)
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    if trt_cache is None and platform.name == "tensorrt_int8":
+        trt_cache = output.with_suffix(".cache")  # TensorRT's implicit-quantization input: the main artifact
     plan = OutputPlan.create(
         [("-o", output, "ONNX model"), ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report")],
@@ -230,12 +235,13 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         warn(console, w)
     t_quant = time.perf_counter()
     extra = [p for p in (json_path, trt_cache, report_path) if p is not None]
+    in_ort = platform.validation is Validation.ONNXRUNTIME  # onnxruntime's int8 kernels matter for its files only
     with plan.staged() as stage:
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
             report = stage.write("-o", lambda p: export_qdq(qmodel.qgraph, p, opset=opset,
                                                               sample=None if qmodel.qgraph.validation_batches
-                                                              else batches[0]))
+                                                              else batches[0], check_kernels=in_ort))
         if json_path is not None:
             stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
         if trt_cache is not None:
@@ -252,7 +258,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         int8_kernels=report.int8_kernels, runtime_qdq=report.runtime_qdq,
         fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=output.stat().st_size,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
-        cosine=report.output_cosine, validated_with=report.validated_with, cpu_target=report.cpu_target,
+        cosine=report.output_cosine, validated_with=report.validated_with, reference_only=report.reference_only,
+        cpu_target=report.cpu_target,
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
         extra_files=extra)
