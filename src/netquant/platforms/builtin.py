@@ -266,7 +266,10 @@ POW2_INT8 = _builtin(Platform(
         OpRule("Clip", OpRole.ACTIVATION),
     ),
     fusions=(("Conv", "Relu"), ("Conv", "Clip"), ("Gemm", "Relu")),
-    activation_observer="minmax",
+    # MSE-searched activation ranges: a power-of-two scale rounds the min/max range up by as much as 2x (one bit
+    # lost); measured on the PP-OCR classifier in the Q/DQ reference semantics (200 held-out lines, FP32 100%):
+    # min/max 97.0%, percentile 98.5%, MSE 99.5%
+    activation_observer="mse",
     weight_observer="minmax",
     aliases=("pow2",),
 ))
