@@ -148,6 +148,32 @@ def test_quantized_last_op_writing_a_graph_output_exports_a_valid_model(platform
     assert report.validated and cosine(ref, got) >= 0.9999
 
 
+def test_quantized_softmax_input_of_an_upgraded_opset11_softmax_is_rewired(tmp_path: Path) -> None:
+    """Gemm kept float, Softmax quantized: its input Q/DQ must feed the nodes through which the opset 13 Softmax
+    reads it after the upgrade (Shape / Flatten), not fail on the rewritten node."""
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(gemm_softmax(11), {"x": x}, platform="tflite_int8", quiet=True, force_fp32=("Gemm",))
+    assert qm.quantized_ops() == ["softmax"]
+    path = tmp_path / "softmax_in.onnx"
+    report = export_qdq(qm.qgraph, path)
+    out = onnx.load(str(path))
+    onnx.checker.check_model(out, full_check=True)
+    producers = {o: n.op_type for n in out.graph.node for o in n.output}
+    softmax = next(n for n in out.graph.node if n.op_type == "Softmax")
+    upstream = softmax.input[0]
+    while producers.get(upstream) not in ("DequantizeLinear", None):  # through the upgrade's Flatten
+        upstream = next(n for n in out.graph.node if upstream in n.output).input[0]
+    assert producers.get(upstream) == "DequantizeLinear"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    test = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    got = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": test})[0]
+    ref = qm.run({"x": torch.from_numpy(test)})["y"].numpy()
+    assert report.validated and cosine(ref, got) >= 0.9999
+
+
 def test_opset11_model_with_per_channel_weights_exports_valid_model(tmp_path: Path) -> None:
     model = conv_net(opset=11, weights_as_constants=True)
     qm = _quantize(model, images(16))
