@@ -18,6 +18,7 @@ Writes benchmarks/results/engine_matrix.md and prints it.
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import shutil
 import statistics
@@ -28,13 +29,13 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-RESULTS = Path(__file__).parent / "results" / "engine_matrix.md"
+RESULTS = Path(__file__).parent / "results" / "engine_matrix.md"  # cells also kept as .json (for --update)
 CALIB_SEED, EVAL_SEED = 1000, 2000
 
 Runner = Callable[[np.ndarray], np.ndarray]  # one batch-1 input -> the model's first output
@@ -75,6 +76,7 @@ class Cell:
 
     platform: str
     model: str
+    suffix: str = ""
     file: str = "-"
     engine: str = "-"
     loads: str = "-"
@@ -418,7 +420,7 @@ def measure(task: Task, platform: str, suffix: str, engine_key: str, work: Path,
     import netquant
 
     engine = ENGINES[engine_key]
-    cell = Cell(platform, task.name, engine=engine.name)
+    cell = Cell(platform, task.name, suffix, engine=engine.name)
     if not engine.available():
         cell.loads = f"not available ({engine.module} not installed)"
         return cell
@@ -485,7 +487,7 @@ def render(cells: list[Cell], args: argparse.Namespace, seconds: float) -> str:
         "interleaved rounds against the FP32 model in the same engine on a machine shared with other jobs. "
         "'Q/DQ reference' is onnxruntime with graph optimizations off: Q/DQ as ONNX defines them, the semantics "
         "TensorRT / QNN files are checked in here (those engines do not run on this machine). "
-        f"Run time {seconds / 60:.1f} min.",
+        f"Last run time {seconds / 60:.1f} min" + (" (rows of earlier runs kept: --update)." if args.update else "."),
         "",
         header,
         "|" + "---|" * (header.count("|") - 1),
@@ -505,13 +507,16 @@ def main() -> None:
     ap.add_argument("--models", default="cls,rec")
     ap.add_argument("--platforms", default=None, help="comma-separated subset (default: all rows)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--update", action="store_true",
+                    help="keep the cells of the last run (OUT.json) that this run does not measure again")
     args = ap.parse_args()
-    from netquant.atomic import write_text_atomic
-
-    wanted = set(args.platforms.split(",")) if args.platforms else None
-    rows = [r for r in PLATFORMS if wanted is None or r[0] in wanted]
+    wanted = args.platforms.split(",") if args.platforms else None
+    rows = PLATFORMS if wanted is None else sorted((r for r in PLATFORMS if r[0] in wanted),
+                                                   key=lambda r: wanted.index(r[0]))
     start = time.perf_counter()
     tasks = make_tasks(args.models.split(","), args.calib, args.eval)
+    store = args.out.with_suffix(".json")
+    kept = [Cell(**d) for d in json.loads(store.read_text())] if args.update and store.exists() else []
     cells: list[Cell] = []
     fp32_cache: dict[str, Any] = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -521,13 +526,24 @@ def main() -> None:
                     cell = measure(task, platform, suffix, engine, Path(tmp), fp32_cache, args.repeats)
                 except Exception as exc:  # noqa: BLE001 - quantization failing is a result too
                     traceback.print_exc()
-                    cell = Cell(platform, task.name, notes=[f"{type(exc).__name__}: {str(exc)[:200]}"])
+                    cell = Cell(platform, task.name, suffix, notes=[f"{type(exc).__name__}: {str(exc)[:200]}"])
                 cells.append(cell)
                 print(cell, flush=True)
-    text = render(cells, args, time.perf_counter() - start)
+                save(kept, cells, args, time.perf_counter() - start)  # a partial run keeps what it measured
+    print(args.out.read_text())
+
+
+def save(kept: list[Cell], cells: list[Cell], args: argparse.Namespace, seconds: float) -> None:
+    """Write OUT (.md) and OUT.json: this run's cells, plus the kept cells this run did not measure again."""
+    from netquant.atomic import write_text_atomic
+
+    new = {(c.platform, c.model, c.suffix) for c in cells}
+    order = {(p, s): i for i, (p, s, _) in enumerate(PLATFORMS)}
+    merged = sorted([c for c in kept if (c.platform, c.model, c.suffix) not in new] + cells,
+                    key=lambda c: (c.model != "cls", order.get((c.platform, c.suffix), 99)))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(args.out, text)
-    print(text)
+    write_text_atomic(args.out, render(merged, args, seconds))
+    write_text_atomic(args.out.with_suffix(".json"), json.dumps([asdict(c) for c in merged], indent=1) + "\n")
 
 
 if __name__ == "__main__":
