@@ -208,6 +208,10 @@ NCNN_INT8 = _builtin(Platform(
 
 
 # ---- Qualcomm SNPE / QNN HTP (DSP) --------------------------------------------------------------
+# Measured in the Q/DQ reference semantics (64 calibration / 200 held-out rendered lines, AMD EPYC): PP-OCR
+# classifier 99.75% (FP32 100%), recognizer 51.5% exact lines (FP32 97.5%): 8 bits on every tensor of its
+# decomposed LayerNorms and attention do not hold; QNN fuses LayerNorm into one op, and 16-bit activations (A16W8)
+# are the usual remedy there. Not solved by a default yet.
 QNN_DSP = _builtin(Platform(
     name="qnn_dsp",
     description="Qualcomm SNPE/QNN DSP (HTP) 8-bit fixed point: uint8 affine per-tensor activations "
@@ -224,6 +228,8 @@ QNN_DSP = _builtin(Platform(
 
 
 # ---- PPQ ACADEMIC: inputs of computing ops only --------------------------------------------------
+# Measured (as for qnn_dsp above): academic_int8 classifier 99.5% (FP32 100%), recognizer 0% with its per-tensor
+# weights (85% per-channel, 91% per-channel + percentile activations, 100 lines); academic_int4 55% / 0%.
 def _academic(bits: int, aliases: tuple[str, ...] = ()) -> Platform:
     act = QuantSpec(bits=bits, signed=False, symmetric=False)
     wgt = QuantSpec(bits=bits, signed=True, symmetric=True)
@@ -276,6 +282,9 @@ POW2_INT8 = _builtin(Platform(
 
 
 # ---- FP8 E4M3 -------------------------------------------------------------------------------------
+# Validated in the Q/DQ reference semantics (onnxruntime's optimized graph mis-runs FP8 Q/DQ: cosine 0.47).
+# Measured (as for qnn_dsp above): classifier 100% (FP32 100%), recognizer 92.0% exact lines (FP32 97.5%);
+# percentile ranges (77%) and float depthwise convs (82%, 100 lines) do not help. Not solved by a default yet.
 FP8_E4M3 = _builtin(Platform(
     name="fp8_e4m3",
     description="FP8 E4M3 (scaled, saturating): per-tensor activations, per-channel weights on "
