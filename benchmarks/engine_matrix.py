@@ -342,13 +342,23 @@ def in_child(fn: Callable[[], dict[str, Any]], timeout: float = 900) -> dict[str
 
     proc = ctx.Process(target=target)
     proc.start()
-    result = parent.recv() if parent.poll(timeout) else None
+    result, deadline = None, time.monotonic() + timeout
+    while time.monotonic() < deadline:  # (the kill below only ends a child that is still running)
+        if parent.poll(1.0):
+            result = parent.recv()
+            break
+        if not proc.is_alive() and not parent.poll(0):
+            break  # died without a word (a signal in the engine)
     proc.join(5)
     if proc.is_alive():
         proc.kill()
         proc.join()
+    if result is None and time.monotonic() >= deadline:
+        return {"error": f"timed out after {timeout:.0f} s"}
     if result is None:
-        return {"error": f"crashed (exit code {proc.exitcode})" if proc.exitcode else "timed out"}
+        code = proc.exitcode
+        return {"error": f"crashed ({'signal ' + str(-code) if code < 0 else 'exit code ' + str(code)})"
+                         if code else "timed out"}
     return result
 
 
