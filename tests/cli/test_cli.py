@@ -221,3 +221,15 @@ def test_demo_quantizes_the_ppocr_recognizer(run_cli: CliInvoke) -> None:
     result = run_cli("demo", "--calib-lines", "128", "--eval-lines", "100", "--quiet")
     assert result.exit_code == 0, result.output
     assert "FP32" in result.output and "INT8 (netquant)" in result.output and "QLinearConv" in result.output
+
+
+def test_tensorrt_writes_its_calibration_cache_and_says_the_file_was_checked_in_reference_semantics(
+        run_cli: CliInvoke, model: Path, tmp_path: Path, calib_npy: Path) -> None:
+    out = tmp_path / "trt.onnx"
+    result = run_cli("quantize", model, "--platform", "tensorrt_int8", "--calib", calib_npy, "-o", out)
+    assert result.exit_code == 0, result.output
+    header, scales = read_trt_cache(tmp_path / "trt.cache")  # written without --trt-cache: TensorRT's input
+    assert header.startswith("TRT-") and scales
+    text = " ".join(result.output.replace("│", " ").split())  # the table's wrapped cells, read as one line
+    assert "Q/DQ reference" in text and "reference semantics only" in text
+    assert "int8 kernels in onnxruntime" not in text  # onnxruntime is not this file's engine

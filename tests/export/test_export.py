@@ -28,7 +28,7 @@ from netquant.export import (
 from netquant.export.opset import ai_onnx_opset
 from netquant.export.validate import cosine
 from netquant.platforms import list_platforms
-from tests.helpers.export_models import conv_net, images, mlp
+from tests.helpers.export_models import conv_net, gemm_softmax, images, mlp
 
 
 def _session(path: Path) -> ort.InferenceSession:
@@ -123,6 +123,55 @@ def test_every_builtin_platform_exports_a_model_onnxruntime_loads(platform: str,
     got = sess.run(None, {"x": images(4, seed=7)})[0]
     ref = qm.run({"x": torch.from_numpy(images(4, seed=7))})["y"].numpy()
     assert cosine(ref, got) >= 0.99
+
+
+@pytest.mark.parametrize("opset", [11, 13])
+@pytest.mark.parametrize("platform", ["tflite_int8", "qnn_dsp"])
+def test_quantized_last_op_writing_a_graph_output_exports_a_valid_model(platform: str, opset: int,
+                                                                        tmp_path: Path) -> None:
+    """Softmax quantized at the graph output; from opset 11 the upgrade rewrites it (Softmax writes
+    'y_intermediate', a Reshape writes 'y'): the output Q/DQ must follow the writer, not define 'y' twice."""
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    qm = _quantize(gemm_softmax(opset), x, platform)
+    assert "softmax" in qm.quantized_ops()
+    path = tmp_path / f"{platform}_{opset}.onnx"
+    report = export_qdq(qm.qgraph, path)
+    out = onnx.load(str(path))
+    onnx.checker.check_model(out, full_check=True)
+    writers = [n for n in out.graph.node if "y" in n.output]
+    assert len(writers) == 1 and writers[0].op_type == "DequantizeLinear"
+    test = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # Q/DQ as defined
+    got = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": test})[0]
+    ref = qm.run({"x": torch.from_numpy(test)})["y"].numpy()
+    assert report.validated and cosine(ref, got) >= 0.9999
+
+
+def test_quantized_softmax_input_of_an_upgraded_opset11_softmax_is_rewired(tmp_path: Path) -> None:
+    """Gemm kept float, Softmax quantized: its input Q/DQ must feed the nodes through which the opset 13 Softmax
+    reads it after the upgrade (Shape / Flatten), not fail on the rewritten node."""
+    x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(gemm_softmax(11), {"x": x}, platform="tflite_int8", quiet=True, force_fp32=("Gemm",))
+    assert qm.quantized_ops() == ["softmax"]
+    path = tmp_path / "softmax_in.onnx"
+    report = export_qdq(qm.qgraph, path)
+    out = onnx.load(str(path))
+    onnx.checker.check_model(out, full_check=True)
+    producers = {o: n.op_type for n in out.graph.node for o in n.output}
+    softmax = next(n for n in out.graph.node if n.op_type == "Softmax")
+    upstream = softmax.input[0]
+    while producers.get(upstream) not in ("DequantizeLinear", None):  # through the upgrade's Flatten
+        upstream = next(n for n in out.graph.node if upstream in n.output).input[0]
+    assert producers.get(upstream) == "DequantizeLinear"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    test = np.random.default_rng(1).standard_normal((8, 16)).astype(np.float32)
+    got = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"x": test})[0]
+    ref = qm.run({"x": torch.from_numpy(test)})["y"].numpy()
+    assert report.validated and cosine(ref, got) >= 0.9999
 
 
 def test_opset11_model_with_per_channel_weights_exports_valid_model(tmp_path: Path) -> None:

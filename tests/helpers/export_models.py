@@ -66,6 +66,22 @@ def mlp(features: int = 256, hidden: int = 512, out: int = 16, seed: int = 0) ->
     return model
 
 
+def gemm_softmax(opset: int = 11, features: int = 16, classes: int = 4, seed: int = 0) -> onnx.ModelProto:
+    """x[N,features] -> Gemm -> Softmax = y: the last op's output is the graph output (PP-OCR cls's tail)."""
+    rng = np.random.default_rng(seed)
+    nodes = [helper.make_node("Gemm", ["x", "w", "b"], ["logits"], name="fc", transB=1),
+             helper.make_node("Softmax", ["logits"], ["y"], name="softmax", axis=1)]
+    graph = helper.make_graph(nodes, "gemm_softmax",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])],
+                              [_init("w", rng.standard_normal((classes, features)) * 0.5),
+                               _init("b", rng.standard_normal(classes) * 0.1)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 7 if opset <= 12 else 8
+    onnx.checker.check_model(model)
+    return model
+
+
 def conv_with_runtime_weight() -> onnx.ModelProto:
     """A Conv whose weight is computed from a graph input (not a constant): platforms cannot quantize it."""
     rng = np.random.default_rng(1)

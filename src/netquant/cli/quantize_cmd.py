@@ -113,6 +113,7 @@ class RunFacts:
     cosine: dict[str, float]
     seconds: dict[str, float]
     validated_with: str = ""
+    reference_only: bool = False  # the target engine does not run here (TensorRT, QNN, ...)
     cpu_target: str | None = None
     engine: str = "onnxruntime"
     engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
@@ -139,9 +140,10 @@ def summary_table(f: RunFacts) -> Table:
     by_type = ", ".join(f"{k} {v}" for k, v in f.by_type.items())
     t.add_row("ops quantized", f"{f.ops_quantized} / {f.ops_total}" + (f" ({by_type})" if by_type else ""))
     kernels = f.int8_kernels
-    t.add_row(f"int8 layers in {f.engine}" if f.engine_layers else f"int8 kernels in {f.engine}",
-              f.engine_layers or ("not checked" if kernels is None else (", ".join(f"{k} x{v}" for k, v in kernels.items())
-                                                      or f"none: {f.engine} runs this model in float")))
+    if kernels is not None or f.engine_layers:  # int8 kernels of the engine that ran the file (none: reference)
+        t.add_row(f"int8 layers in {f.engine}" if f.engine_layers else f"int8 kernels in {f.engine}",
+                  f.engine_layers or ", ".join(f"{k} x{v}" for k, v in (kernels or {}).items())
+                  or f"none: {f.engine} runs this model in float")
     if f.runtime_qdq is not None:
         t.add_row("Q/DQ left at runtime", f"{f.runtime_qdq} (float ops between int8 kernels)")
     t.add_row("file size", f"{_size(f.fp32_bytes)} -> {_size(f.int8_bytes)} "
@@ -153,7 +155,9 @@ def summary_table(f: RunFacts) -> Table:
         t.add_row("CPU target", f"{f.cpu_target} (this machine: {host_target()})")
     if f.placement:
         t.add_row("placement", f.placement)
-    t.add_row("validated in", f.validated_with or "-")
+    t.add_row("validated in", (f.validated_with or "-") + (f": {f.platform}'s engine does not run here, so the file "
+                                                          "was checked in the Q/DQ reference semantics only"
+                                                          if f.reference_only else ""))
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
     t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
     for p in f.extra_files:
@@ -182,7 +186,7 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write every tensor's quantization params as JSON.")
 @click.option("--trt-cache", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Also write a TensorRT calibration cache.")
+              help="Also write a TensorRT calibration cache (tensorrt_int8: written anyway, default OUT.cache).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the per-layer error (SNR dB, cosine of every op output vs FP32, first calibration "
                    "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]).")
@@ -224,7 +228,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
-    from netquant.platforms import get_platform
+    from netquant.platforms import Validation, get_platform
 
     console = Console(stderr=True, quiet=quiet)
     t0 = time.perf_counter()
@@ -236,6 +240,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         raise ConfigError(f"-o {output}: a .tflite file needs int8 activations; platform '{platform.name}' uses "
                           f"{platform.activation.describe()}. Use --platform tflite_int8")
     beside = companions(kind)
+    if trt_cache is None and platform.name == "tensorrt_int8":
+        trt_cache = output.with_suffix(".cache")  # TensorRT's implicit-quantization input: the main artifact
     plan = OutputPlan.create(
         [("-o", output, {ExportKind.OPENVINO_IR: "OpenVINO IR", ExportKind.NCNN: "ncnn param",
                          ExportKind.TFLITE: "TFLite model"}.get(kind, "ONNX model")),
@@ -284,13 +290,15 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         warn(console, w)
     t_quant = time.perf_counter()
     extra = [p for p in (json_path, trt_cache, report_path, placement_path) if p is not None]
+    in_ort = platform.validation is Validation.ONNXRUNTIME  # onnxruntime's int8 kernels matter for its files only
     with plan.staged() as stage:
         with console.status(f"exporting and validating {output}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
             sample = None if qmodel.qgraph.validation_batches else batches[0]
             # companions (.bin, .table) are written by the exporter at their staging paths, with the main file
             staged = {c.keyword: stage.write(f"-o {c.suffix}", lambda p: p) for c in beside}
-            options = {"opset": opset} if kind in (ExportKind.QDQ, ExportKind.OPENVINO_IR) else {}
+            options = ({"opset": opset, "check_kernels": in_ort} if kind is ExportKind.QDQ
+                       else {"opset": opset} if kind is ExportKind.OPENVINO_IR else {})
             report = stage.write("-o", lambda p: writer(kind)(qmodel.qgraph, p, sample=sample, **staged, **options))
             extra += [c.default_path(output) for c in beside]
         if json_path is not None:
@@ -312,7 +320,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         fp32_bytes=sum(f.stat().st_size for f in model_files(model)), int8_bytes=report.size_bytes,
         engine=kind.engine,
         opset=f"{report.source_opset} -> {report.opset}" if report.opset_upgraded else str(report.opset),
-        cosine=report.output_cosine, validated_with=report.validated_with, cpu_target=report.cpu_target,
+        cosine=report.output_cosine, validated_with=report.validated_with,
+        reference_only=getattr(report, "reference_only", False), cpu_target=report.cpu_target,
         engine_layers="" if kind is not ExportKind.OPENVINO_IR or report.int8_layers is None else (
             f"{sum(report.int8_layers.values())} / {report.heavy_layers} heavy layers ("
             + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),

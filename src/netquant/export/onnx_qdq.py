@@ -48,7 +48,8 @@ class ExportReport:
     output_max_abs_diff: dict[str, float] = field(default_factory=dict)
     validation_batches: int = 0
     accumulation: Accumulation | None = None  # this machine's int8 arithmetic, which validation emulated
-    validated_with: str = ""  # "onnxruntime (optimized, this CPU)" or "Q/DQ reference (onnxruntime, no fusion)"
+    validated_with: str = ""  # which engine ran the file: validation_label(platform.validation), "" if not validated
+    reference_only: bool = False  # the target engine does not run here: checked in the Q/DQ reference semantics only
     cpu_target: str | None = None
     int8_kernels: dict[str, int] | None = None
     runtime_qdq: int | None = None  # Q + DQ nodes onnxruntime still runs after fusing (None: not checked)
@@ -76,11 +77,26 @@ class ExportReport:
         if self.int8_layers is not None:
             kernels = (", ".join(f"{k} x{v}" for k, v in self.int8_layers.items()) or "none") + \
                 f" ({sum(self.int8_layers.values())} / {self.heavy_layers} heavy layers)"
+        if self.reference_only:
+            checked += f" ({REFERENCE_ONLY_NOTE})"
         return (f"{self.path}: opset {self.source_opset}->{self.opset}, {len(self.quantized_ops)} ops quantized, "
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x){target}; cosine vs executor {cos}{checked}; "
                 f"{'int8 layers in ' + self.engine.split(' (')[0] if self.engine else 'onnxruntime int8 kernels'}: {kernels}"
                 + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
+
+
+VALIDATION_LABELS = {
+    Validation.ONNXRUNTIME: "onnxruntime (optimized, this CPU)",
+    Validation.QDQ_REFERENCE: "Q/DQ reference (onnxruntime, graph optimizations off)",
+}
+REFERENCE_ONLY_NOTE = ("the target engine does not run here: the file was checked in the Q/DQ reference semantics "
+                       "only (Q/DQ as defined by ONNX), not in that engine")
+
+
+def validation_label(validation: Validation) -> str:
+    """The engine that validates a platform's file, in words (ExportReport.validated_with)."""
+    return VALIDATION_LABELS.get(validation, validation.value)
 
 
 def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
@@ -189,8 +205,9 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
         validated=validate, validated_with=("" if not validate else ov_check.engine if ov_check is not None
-                                            else "onnxruntime (optimized, this CPU)" if in_engine
-                                            else "Q/DQ reference (onnxruntime, no fusion)" + ov_note),
+                                            else validation_label(Validation.ONNXRUNTIME if in_engine
+                                                                  else Validation.QDQ_REFERENCE) + ov_note),
+        reference_only=validate and ov_check is None and not in_engine,
         output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
         output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
         accumulation=accumulation, cpu_target=qgraph.platform.cpu_target.value if qgraph.platform.cpu_target is not None else None,

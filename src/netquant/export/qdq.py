@@ -75,6 +75,7 @@ class QdqBuilder:
             self.taken.add(n.name)
         self.taken.update(v.name for v in self.graph.input)
         self.by_name = {n.name: n for n in self.graph.node if n.name}
+        self.source_names = {n.name for n in qgraph.graph.nodes}  # nodes not named here were added by an upgrade
         self.by_output = {n.output[0]: n for n in self.graph.node if n.output}
         rounding = {root(s.config).spec.rounding for s in iter_slots(qgraph) if emits(s.config)
                     and s.tensor not in self.initializers}
@@ -220,12 +221,36 @@ class QdqBuilder:
         self._finish()
         return self.model
 
+    def _producer_of(self, tensor: str, producer: Slot) -> onnx.NodeProto:
+        """The node of the exported model that writes `tensor`: the producer op itself, or, where the opset
+        upgrade rewrote it, the node the upgrade left writing that name (Softmax 11 -> 13 writes
+        `<name>_intermediate` and a Reshape writes `<name>`; the Reshape is exact, so quantizing its output
+        quantizes the same values)."""
+        node = self.proto_node(producer.node)
+        if tensor in node.output:
+            return node
+        writer = next((n for n in self.graph.node if tensor in n.output), None)
+        if writer is None:
+            raise ExportError(f"output '{tensor}' of node '{producer.node}' is written by no node of the exported "
+                              "model (the opset upgrade rewrote this node)")
+        return writer
+
     def _rewire(self, slot: Slot, new_name: str) -> None:
+        """Point input `slot.index` of the slot's node at `new_name`. Where the opset upgrade rewrote that node
+        (Softmax 11 -> 13 reads its input through Shape / Flatten nodes of its own), the nodes the upgrade added
+        that read the tensor are rewired instead: they compute that op on the same values."""
         node = self.proto_node(slot.node)
-        if slot.index >= len(node.input) or node.input[slot.index] != slot.tensor:
+        if slot.index < len(node.input) and node.input[slot.index] == slot.tensor:
+            node.input[slot.index] = new_name
+            return
+        added = [n for n in self.graph.node if slot.tensor in n.input and n.name not in self.source_names]
+        if not added:
             raise ExportError(f"input {slot.index} of node '{slot.node}' is not '{slot.tensor}' in the "
                               "exported model (the opset upgrade rewrote this node)")
-        node.input[slot.index] = new_name
+        for n in added:
+            for i, name in enumerate(n.input):
+                if name == slot.tensor:
+                    n.input[i] = new_name
 
     def _constant(self, tensor: str, users: list[Slot]) -> None:
         groups: list[tuple[TensorQuantConfig, str]] = []
@@ -244,7 +269,7 @@ class QdqBuilder:
     def _activation(self, tensor: str, producer: Slot | None, users: list[Slot]) -> None:
         current: TensorQuantConfig | None = None
         if producer is not None and emits(producer.config):
-            node = self.proto_node(producer.node)
+            node = self._producer_of(tensor, producer)
             fp_name = self.fresh(f"{tensor}_fp32")
             for i, out in enumerate(node.output):
                 if out == tensor:
