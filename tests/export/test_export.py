@@ -154,7 +154,7 @@ def test_quantized_softmax_input_of_an_upgraded_opset11_softmax_is_rewired(tmp_p
     x = np.random.default_rng(0).standard_normal((32, 16)).astype(np.float32)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qm = netquant.quantize_onnx(gemm_softmax(11), {"x": x}, platform="tflite_int8", quiet=True, force_fp32=("Gemm",))
+        qm = netquant.quantize_onnx(gemm_softmax(11), {"x": x}, platform="qnn_dsp", quiet=True, force_fp32=("Gemm",))
     assert qm.quantized_ops() == ["softmax"]
     path = tmp_path / "softmax_in.onnx"
     report = export_qdq(qm.qgraph, path)
