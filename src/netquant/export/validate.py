@@ -187,21 +187,30 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
             entry["fp"].append(_to_numpy(fp[name]))
     result: dict[str, Agreement] = {}
     for name, e in runs.items():
-        ort_y, fq_y, fp_y = (np.concatenate([a.ravel() for a in e[k]]) for k in ("ort", "fq", "fp"))
-        if not np.issubdtype(ort_y.dtype, np.floating):
-            same = float(np.array_equal(ort_y, fq_y))
-            result[name] = Agreement(same, same, same, float(np.abs(fq_y.astype(np.float64) - ort_y).max(initial=0)))
-            continue
-        result[name] = Agreement(cosine(ort_y, fq_y), cosine(ort_y, fp_y), cosine(fq_y, fp_y),
-                                 float(np.abs(fq_y.astype(np.float64) - ort_y.astype(np.float64)).max(initial=0)))
-    bad = {k: a for k, a in result.items() if not a.accepted(min_cosine, max_error_ratio)}
-    if bad:
-        detail = ", ".join(f"{k}: vs fake-quant {a.ort_vs_fake_quant:.5f}, vs FP32 {a.ort_vs_fp32:.5f} "
-                           f"(fake-quant vs FP32 {a.fake_quant_vs_fp32:.5f})" for k, a in bad.items())
+        result[name] = agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("ort", "fq", "fp")))
+    detail = rejected(result, min_cosine, max_error_ratio)
+    if detail:
         raise ExportError(f"exported model for '{where}' disagrees with netquant's fake-quant executor over "
                           f"{len(batches)} batch(es) in onnxruntime: cosine {detail}; min_cosine {min_cosine}. "
                           f"{likely_cause(qgraph, accumulation)} No file written.")
     return result
+
+
+def agreement_of(engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> Agreement:
+    """One output's Agreement from the flattened runs of the engine, the fake-quant executor and FP32 (non-float
+    outputs: 1.0 when the engine's equals the fake-quant's exactly, else 0.0)."""
+    diff = float(np.abs(fq_y.astype(np.float64) - engine_y.astype(np.float64)).max(initial=0))
+    if not np.issubdtype(engine_y.dtype, np.floating):
+        same = float(np.array_equal(engine_y, fq_y))
+        return Agreement(same, same, same, diff)
+    return Agreement(cosine(engine_y, fq_y), cosine(engine_y, fp_y), cosine(fq_y, fp_y), diff)
+
+
+def rejected(result: Mapping[str, Agreement], min_cosine: float, max_error_ratio: float | None) -> str:
+    """The outputs Agreement.accepted refuses, in words ('' when all are accepted)."""
+    bad = {k: a for k, a in result.items() if not a.accepted(min_cosine, max_error_ratio)}
+    return ", ".join(f"{k}: vs fake-quant {a.ort_vs_fake_quant:.5f}, vs FP32 {a.ort_vs_fp32:.5f} "
+                     f"(fake-quant vs FP32 {a.fake_quant_vs_fp32:.5f})" for k, a in bad.items())
 
 
 def likely_cause(qgraph: QuantizedGraph, accumulation: Accumulation) -> str:

@@ -12,7 +12,7 @@ import torch
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.ncnn.runner import NcnnRunner, as_numpy
-from netquant.export.validate import Agreement, cosine
+from netquant.export.validate import Agreement, agreement_of, cosine, rejected
 from netquant.passes.quant_graph import QuantizedGraph
 
 MIN_CONVERSION_COSINE = 0.9999  # pnnx's FP32 ncnn model vs netquant's FP32 executor, every output
@@ -64,8 +64,7 @@ def validate_ncnn(qgraph: QuantizedGraph, int8: NcnnRunner, fp32: NcnnRunner | N
     conversion: dict[str, float] = {}
     for name, e in runs.items():
         q, fq_y, fp_y = (np.concatenate([a.ravel() for a in e[k]]) for k in ("int8", "fq", "fp"))
-        agreement[name] = Agreement(cosine(q, fq_y), cosine(q, fp_y), cosine(fq_y, fp_y),
-                                    float(np.abs(q.astype(np.float64) - fq_y).max(initial=0)))
+        agreement[name] = agreement_of(q, fq_y, fp_y)
         if e["fp32"]:
             conversion[name] = cosine(np.concatenate([a.ravel() for a in e["fp32"]]), fp_y)
     bad_conv = {k: v for k, v in conversion.items() if v < MIN_CONVERSION_COSINE}
@@ -74,10 +73,8 @@ def validate_ncnn(qgraph: QuantizedGraph, int8: NcnnRunner, fp32: NcnnRunner | N
         raise ExportError(f"pnnx's FP32 ncnn model of '{where}' does not compute the source model (cosine vs "
                           f"netquant's FP32 executor {detail} < {MIN_CONVERSION_COSINE}); an op pnnx converts "
                           "differently. No file written.")
-    bad = {k: a for k, a in agreement.items() if not a.accepted(min_cosine, max_error_ratio)}
-    if bad:
-        detail = ", ".join(f"{k}: vs fake-quant {a.ort_vs_fake_quant:.5f}, vs FP32 {a.ort_vs_fp32:.5f} "
-                           f"(fake-quant vs FP32 {a.fake_quant_vs_fp32:.5f})" for k, a in bad.items())
+    detail = rejected(agreement, min_cosine, max_error_ratio)
+    if detail:
         raise ExportError(f"ncnn int8 model '{where}' disagrees with netquant's fake-quant executor over "
                           f"{len(batches)} batch(es) in ncnn: cosine {detail}. Keep the ops `layer_report` names "
                           "in float (force_fp32 / --fp32-ops), or validate=False. No file written.")

@@ -13,7 +13,7 @@ import torch
 from netquant.errors import ExportError
 from netquant.export.tflite import layout
 from netquant.export.tflite.schema import interpreter_class
-from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO, Agreement, cosine
+from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO, Agreement, agreement_of, rejected
 from netquant.passes.quant_graph import QuantizedGraph
 
 
@@ -88,13 +88,9 @@ def compare_with_litert(qgraph: QuantizedGraph, interp: Any, batches: Sequence[d
             runs[name]["fp"].append(fp[name].detach().cpu().numpy())
     result: dict[str, Agreement] = {}
     for name, e in runs.items():
-        lite, fq_y, fp_y = (np.concatenate([a.ravel() for a in e[k]]) for k in ("lite", "fq", "fp"))
-        result[name] = Agreement(cosine(lite, fq_y), cosine(lite, fp_y), cosine(fq_y, fp_y),
-                                 float(np.abs(fq_y.astype(np.float64) - lite).max(initial=0)))
-    bad = {k: a for k, a in result.items() if not a.accepted(min_cosine, max_error_ratio)}
-    if bad:
-        detail = ", ".join(f"{k}: LiteRT vs FP32 {a.ort_vs_fp32:.5f}, fake-quant vs FP32 {a.fake_quant_vs_fp32:.5f}, "
-                           f"LiteRT vs fake-quant {a.ort_vs_fake_quant:.5f}" for k, a in bad.items())
+        result[name] = agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("lite", "fq", "fp")))
+    detail = rejected(result, min_cosine, max_error_ratio)
+    if detail:
         raise ExportError(f"exported TFLite model for '{where}' is farther from FP32 in LiteRT than netquant's "
                           f"fake-quant run over {len(batches)} batch(es): cosine {detail}. Keep the ops named by "
                           "`layer_report` in float (force_fp32 / --fp32-ops), or export with validate=False. "
