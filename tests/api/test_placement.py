@@ -42,6 +42,24 @@ def test_latency_decisions_follow_the_measurements():
     assert "placement" in qm.timings
 
 
+def test_balanced_keeps_int8_unless_the_model_would_be_slower_than_fp32():
+    """BALANCED is INT8 first: a region measured slower in INT8 stays INT8 (Reason.KEPT) when the model is no
+    slower than FP32, and only the slower regions needed to get there are floated (no budget: max_loss=1e9)."""
+    qm = _q(objective="balanced", max_loss=1e9)
+    p = qm.placement
+    assert p is not None and p.objective == "balanced"
+    m = p.measured
+    for r in p.regions:
+        assert r.reason in (Reason.FASTER, Reason.KEPT, Reason.SLOWER, Reason.FORCED)
+        if r.reason == Reason.KEPT:
+            assert r.decision == "int8" and r.int8_ms > 1.05 * r.fp32_ms + 0.002
+    floated = [r for r in p.regions if r.decision == "float"]
+    if m["all_int8_ms"] <= m["fp32_ms"]:  # the all-INT8 model already beats FP32: nothing floats for speed
+        assert not floated and m["placed_ms"] == m["all_int8_ms"]
+    else:
+        assert floated and all(r.reason == Reason.SLOWER for r in floated)
+
+
 def test_zero_budget_keeps_everything_float_and_matches_fp32():
     """max_loss=0: any quantization error breaks the budget, so every region ends in float and the fake-quant
     model computes the FP32 graph exactly."""

@@ -6,13 +6,16 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 2. measure: profile the FP32 graph and the all-INT8 QDQ export in onnxruntime (CPU, batch 1, one thread; per-node
    medians) and charge each node, with its Q/DQ and layout glue, to a region (analysis.profile): fp32_ms and
    int8_ms per region;
-3. speed: a region stays float where int8_ms > 1.05 fp32_ms + 2 us (the profiler's noise), else it runs in INT8;
+3. speed: a region is "slower" where int8_ms > 1.05 fp32_ms + 2 us (the profiler's noise). LATENCY keeps every
+   slower region float; BALANCED and ACCURACY put the model really in INT8: they float only the slower regions
+   needed (largest INT8 excess first) for the model to be no slower than FP32, the rest stay INT8;
 4. accuracy budget (analysis.sensitivity): while the fake-quant output loss of the placement exceeds max_loss, keep
    in float the INT8 region with the highest score: its gain (loss(all INT8) - loss(all but it)) per millisecond it
    saves (BALANCED) or its gain alone (ACCURACY);
 5. iterate: export the candidate, profile it, refresh each region's time in its current state (its glue changes
    with its neighbours), decide step 3 again; stop when nothing changes, after MAX_ROUNDS or at the time cap;
-6. keep the fastest measured candidate that meets the budget (the all-INT8 graph included).
+6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
+   the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY).
 
 The result is a `Placement`, saved as JSON (`Placement.save`) and re-applied without measuring (`placement_from`).
 """
@@ -61,6 +64,7 @@ class Reason:
     BUDGET = "accuracy budget"
     FILE = "placement file"
     FORCED = "onnxruntime quantizes it anyway when float (Q/DQ both sides)"
+    KEPT = "kept int8: the model stays faster than FP32"
 
 
 @dataclass
@@ -336,7 +340,22 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     s.update(p8, set())
     measured: dict[str, float] = {"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms}
     candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
-    float_speed = s.settle(s.slower())
+    fp32_ms = p32.node_total_ms
+
+    def speed_floats(slower: set[str], int8_ms: float) -> set[str]:
+        """LATENCY: every region measured slower in INT8. BALANCED / ACCURACY (INT8 first: the model really in
+        INT8): only the slowest of those, most INT8 excess first, until the model is no slower than FP32."""
+        if objective is Objective.LATENCY:
+            return set(slower)
+        chosen: set[str] = set()
+        for a in sorted(slower, key=lambda a: (-(s.t8.get(a, 0.0) - s.t32.get(a, 0.0)), a)):
+            if int8_ms <= fp32_ms:
+                break
+            chosen.add(a)
+            int8_ms -= s.t8.get(a, 0.0) - s.t32.get(a, 0.0)
+        return chosen
+
+    float_speed = s.settle(speed_floats(s.slower(), p8.node_total_ms))
 
     # accuracy budget
     budget_float: set[str] = set()
@@ -407,7 +426,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         forced = s.update(prof, current)
         if not forced:  # a candidate onnxruntime re-quantized is not the model we would ship
             candidates.append((prof.node_total_ms, frozenset(current)))
-        speed = s.settle(s.slower() - s.forced)
+        speed = s.settle(speed_floats(s.slower() - s.forced, p8.node_total_ms))
         budget_float = (budget_float - s.forced) | fill_budget(speed | (budget_float - s.forced), s.forced)
         current = s.settle(speed | budget_float)
         budget_float &= current
@@ -423,7 +442,11 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         current = s.settle(current)
         ok = [(p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current), frozenset(current))]
         measured["placed_ms_estimated"] = 1
-    best_t, best = min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1])))
+    if objective is Objective.LATENCY:
+        best_t, best = min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1])))
+    else:  # INT8 first: the candidate with the fewest float regions among those no slower than FP32
+        fast = [c for c in ok if c[0] <= fp32_ms] or ok
+        best_t, best = min(fast, key=lambda c: (len(c[1]), round(c[0], 6), sorted(c[1])))
     final_loss = loss(set(best)) if meter is not None else None
     if meter is not None:  # the report's sensitivities (vs all INT8), within REPORT_SHARE of the cap
         report_deadline = min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s)
@@ -440,7 +463,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         elif a in s.forced:
             reason = Reason.FORCED
         else:
-            reason = Reason.FASTER if a not in s.slower() else "fastest measured candidate"
+            reason = Reason.FASTER if a not in s.slower() else (
+                "fastest measured candidate" if objective is Objective.LATENCY else Reason.KEPT)
         se = sens.get(a)
         placement.regions.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason,
                                                 round(s.t8.get(a, 0.0), 4), round(s.t32.get(a, 0.0), 4),

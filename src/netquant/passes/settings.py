@@ -16,12 +16,13 @@ from netquant.platforms.targets import CpuTarget, WeightScheme
 
 
 class Objective(enum.StrEnum):
-    """What automatic placement (api.placement) optimises: each region runs in INT8 only where measured faster in
-    the target engine; then the most sensitive regions stay float until the output loss is within `max_loss`.
+    """What automatic placement (api.placement) optimises, from per-region INT8 and FP32 times measured in the target
+    engine and the output loss of the calibration data.
 
-    LATENCY: speed only (no accuracy budget unless max_loss is given); BALANCED (default): speed, then the budget,
-    floating first the regions that buy the most accuracy per millisecond lost; ACCURACY: a 4x tighter default
-    budget, floating the most sensitive regions first.
+    LATENCY: the fastest model (every region measured slower in INT8 stays float; no accuracy budget unless max_loss
+    is given); BALANCED (default): the model really in INT8, floating only the slower regions needed to be no slower
+    than FP32, then the regions that buy the most accuracy per millisecond until the loss is within max_loss (0.02);
+    ACCURACY: INT8 first as BALANCED with a 4x tighter budget, floating the most sensitive regions first.
     """
 
     LATENCY = "latency"
