@@ -54,10 +54,12 @@ def test_balanced_keeps_int8_unless_the_model_would_be_slower_than_fp32():
         if r.reason == Reason.KEPT:
             assert r.decision == "int8" and r.int8_ms > 1.05 * r.fp32_ms + 0.002
     floated = [r for r in p.regions if r.decision == "float"]
-    if m["all_int8_ms"] <= m["fp32_ms"]:  # the all-INT8 model already beats FP32: nothing floats for speed
+    assert m["source_fp32_wall_ms"] > 0 and m["all_int8_wall_ms"] > 0  # timed against the user's FP32 model
+    if m["all_int8_wall_ms"] <= m["source_fp32_wall_ms"]:  # the all-INT8 file beats FP32: nothing floats for speed
         assert not floated and m["placed_ms"] == m["all_int8_ms"]
+        assert m["speedup_vs_fp32"] == pytest.approx(m["source_fp32_wall_ms"] / m["all_int8_wall_ms"], rel=1e-4)
     else:
-        assert floated and all(r.reason == Reason.SLOWER for r in floated)
+        assert all(r.reason == Reason.SLOWER for r in floated)
 
 
 def test_zero_budget_keeps_everything_float_and_matches_fp32():

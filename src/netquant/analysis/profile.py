@@ -23,8 +23,9 @@ import os
 import re
 import statistics
 import tempfile
+import time
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,35 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
                       inputs={n.name: list(n.input) for n in g.node}, outputs={n.name: list(n.output) for n in g.node},
                       initializers={t.name for t in g.initializer}, total_ms=statistics.median(totals[warmup:] or totals),
                       runs=runs)
+
+
+def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
+                  runs: int = 8, threads: int = 1) -> list[float]:
+    """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
+    interleaved round by round so that machine load hits them alike."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    sessions = []
+    for m in models:
+        try:
+            sessions.append(ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]))
+        except Exception as exc:
+            raise ExportError(f"onnxruntime cannot load the model to time it: {exc}") from exc
+    feed = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
+    times: list[list[float]] = [[] for _ in sessions]
+    for sess in sessions:  # warm-up (weight packing, allocations)
+        sess.run(None, feed)
+    for _ in range(rounds):
+        for i, sess in enumerate(sessions):
+            for _ in range(runs):
+                t = time.perf_counter()
+                sess.run(None, feed)
+                times[i].append((time.perf_counter() - t) * 1000.0)
+    return [statistics.median(t) for t in times]
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch
 
 from netquant.api.model import QuantizedModel
 from netquant.errors import ExportError, ModelError, UnsupportedOpError
-from netquant.graph import Graph, load_onnx
+from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
 from netquant.passes.ptq import run_ptq
@@ -95,12 +95,13 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
+    source_model = to_onnx(graph, check=False) if s.objective is not None and s.placement_from is None else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
     from netquant.api.placement import place
 
     t1 = time.perf_counter()
-    placement = place(run.qgraph, s, elapsed_s=t1 - t0)  # objective / placement_from: measured INT8-or-float per region
+    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model)  # objective / placement_from: measured INT8-or-float per region
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
