@@ -18,10 +18,10 @@ Writes benchmarks/results/engine_matrix.md and prints it.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import multiprocessing as mp
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from netquant.analysis.timing import interleaved_ms
 
 RESULTS = Path(__file__).parent / "results" / "engine_matrix.md"  # cells also kept as .json (for --update)
 CALIB_SEED, EVAL_SEED = 1000, 2000
@@ -309,19 +311,10 @@ EXPECTED_KIND = {".onnx": "onnx", ".xml": "openvino-ir", ".tflite": "tflite", ".
 
 # ---- measuring -------------------------------------------------------------------------------------------------
 
-def interleaved_ms(runners: list[Runner], x1: np.ndarray, repeats: int, rounds: int = 5) -> list[float]:
+def interleaved_runs_ms(runners: list[Runner], x1: np.ndarray, repeats: int, rounds: int = 5) -> list[float]:
     """Median batch-1 latency of each runner; the runners alternate in `rounds` so load changes hit all alike."""
-    times: list[list[float]] = [[] for _ in runners]
-    for run in runners:
-        for _ in range(2):
-            run(x1)
-    for _ in range(rounds):
-        for i, run in enumerate(runners):
-            for _ in range(max(1, repeats // rounds)):
-                t = time.perf_counter()
-                run(x1)
-                times[i].append(time.perf_counter() - t)
-    return [1000 * statistics.median(t) for t in times]
+    return interleaved_ms([functools.partial(run, x1) for run in runners], per_round=repeats // rounds, rounds=rounds,
+                          warmup=2)
 
 
 def outputs_of(run: Runner, x: np.ndarray) -> np.ndarray:
@@ -457,7 +450,7 @@ def measure(task: Task, platform: str, suffix: str, engine_key: str, work: Path,
             base = engine.load(base_path, task.shape)
             out["fp32_acc"] = task.score(outputs_of(base.run, task.x_eval))
             if engine_key != "reference":
-                out["lat"] = interleaved_ms([base.run, loaded.run], task.x_eval[:1], repeats)
+                out["lat"] = interleaved_runs_ms([base.run, loaded.run], task.x_eval[:1], repeats)
         return out
 
     res = in_child(run_cell)

@@ -13,7 +13,7 @@ Writes benchmarks/results/ncnn_int8.md and prints it.
 from __future__ import annotations
 
 import argparse
-import statistics
+import functools
 import tempfile
 import time
 from dataclasses import dataclass
@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 import netquant
+from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
 from netquant.atomic import write_text_atomic
 from netquant.data.ocr import cls_batch, ctc_greedy_decode, direction_samples, rec_batch, score_lines
@@ -57,17 +58,8 @@ def run_all(runner: NcnnRunner, x: np.ndarray) -> np.ndarray:
 
 def interleaved_latency_ms(runners: list[NcnnRunner], x1: np.ndarray, repeats: int, rounds: int = 5) -> list[float]:
     """Median one-sample latency of each net; the nets alternate in rounds so load changes hit all alike."""
-    times: list[list[float]] = [[] for _ in runners]
-    for r in runners:
-        for _ in range(3):
-            r.run_sample({r.input_names[0]: x1})
-    for _ in range(rounds):
-        for i, r in enumerate(runners):
-            for _ in range(max(1, repeats // rounds)):
-                t = time.perf_counter()
-                r.run_sample({r.input_names[0]: x1})
-                times[i].append(time.perf_counter() - t)
-    return [1000 * statistics.median(t) for t in times]
+    return interleaved_ms([functools.partial(r.run_sample, {r.input_names[0]: x1}) for r in runners],
+                          per_round=repeats // rounds, rounds=rounds)
 
 
 def main() -> None:

@@ -13,8 +13,8 @@ Writes benchmarks/results/openvino_nncf.md and prints it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 import tempfile
 import time
 import traceback
@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 import openvino as ov
 
+from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
 from netquant.atomic import write_text_atomic
 from netquant.data.ocr import cls_batch, ctc_greedy_decode, direction_samples, rec_batch, score_lines
@@ -88,17 +89,8 @@ def outputs(path: Path, x: np.ndarray, batch: int = 16) -> np.ndarray:
 def interleaved_latency_ms(paths: list[Path], x1: np.ndarray, repeats: int, rounds: int = 6) -> list[float]:
     """Median batch-1, one-thread, one-stream latency of each model; the models alternate in rounds."""
     requests = [compile_cpu(p, 1).create_infer_request() for p in paths]
-    times: list[list[float]] = [[] for _ in paths]
-    for r in requests:
-        for _ in range(3):
-            r.infer({0: x1})
-    for _ in range(rounds):
-        for i, r in enumerate(requests):
-            for _ in range(max(1, repeats // rounds)):
-                t = time.perf_counter()
-                r.infer({0: x1})
-                times[i].append(time.perf_counter() - t)
-    return [1000 * statistics.median(t) for t in times]
+    return interleaved_ms([functools.partial(r.infer, {0: x1}) for r in requests], per_round=repeats // rounds,
+                          rounds=rounds)
 
 
 def layer_profile(path: Path, x1: np.ndarray, runs: int = 20, top: int = 6) -> str:

@@ -15,8 +15,8 @@ Writes benchmarks/results/placement.md and prints it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
 from netquant.atomic import write_text_atomic
 from netquant.data.ocr import cls_accuracy, cls_batch, direction_samples, rec_batch, rec_score
@@ -96,20 +97,9 @@ def output_score(ref_path: Path, batches: list[Feeds]) -> Callable[[Path], tuple
 def interleaved_latency_ms(paths: list[Path], feeds: Feeds, repeats: int, rounds: int = 5) -> list[float]:
     sessions = [session(p, 1) for p in paths]
     inputs = [{k: v for k, v in feeds.items() if k in {i.name for i in s.get_inputs()}} for s in sessions]
-    times: list[list[float]] = [[] for _ in paths]
-    for s, f in zip(sessions, inputs):
-        for _ in range(3):
-            s.run(None, f)
-    for _ in range(rounds):
-        for i, (s, f) in enumerate(zip(sessions, inputs)):
-            for _ in range(max(1, repeats // rounds)):
-                t = time.perf_counter()
-                s.run(None, f)
-                times[i].append(time.perf_counter() - t)
-    return [1000 * statistics.median(t) for t in times]
+    return interleaved_ms([functools.partial(s.run, None, f) for s, f in zip(sessions, inputs)],
+                          per_round=repeats // rounds, rounds=rounds)
 
-
-# ---- the cases --------------------------------------------------------------------------------------------------
 
 def ocr_cases(n_calib: int, n_eval: int) -> list[ModelCase]:
     dictionary = zoo.ppocr_rec_dictionary()

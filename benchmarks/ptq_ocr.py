@@ -12,9 +12,9 @@ Writes benchmarks/results/ptq_ocr.md and prints it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
-import statistics
 import tempfile
 import time
 import traceback
@@ -35,6 +35,7 @@ from onnxruntime.quantization import (
 )
 from onnxruntime.quantization.shape_inference import quant_pre_process
 
+from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
 from netquant.atomic import write_text_atomic
 from netquant.data.ocr import (
@@ -75,18 +76,8 @@ def session(path: Path, threads: int) -> ort.InferenceSession:
 def interleaved_latency_ms(paths: list[Path], x1: np.ndarray, repeats: int, rounds: int = 5) -> list[float]:
     """Median batch-1, one-thread latency of each model; runs alternate between the models in rounds."""
     sessions = [session(p, threads=1) for p in paths]
-    names = [s.get_inputs()[0].name for s in sessions]
-    times: list[list[float]] = [[] for _ in paths]
-    for sess, name in zip(sessions, names):
-        for _ in range(3):  # warm-up
-            sess.run(None, {name: x1})
-    for _ in range(rounds):
-        for i, (sess, name) in enumerate(zip(sessions, names)):
-            for _ in range(max(1, repeats // rounds)):
-                t = time.perf_counter()
-                sess.run(None, {name: x1})
-                times[i].append(time.perf_counter() - t)
-    return [1000 * statistics.median(t) for t in times]
+    return interleaved_ms([functools.partial(s.run, None, {s.get_inputs()[0].name: x1}) for s in sessions],
+                          per_round=repeats // rounds, rounds=rounds)
 
 
 class _Reader(CalibrationDataReader):

@@ -10,7 +10,6 @@ benchmarks/results/tflite_ocr.md.
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 
 import netquant
+from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
 from netquant.atomic import write_text_atomic
 from netquant.data.ocr import (
@@ -49,23 +49,15 @@ def lite_outputs(path: Path, x: np.ndarray) -> np.ndarray:
     return np.concatenate(ys)
 
 
-def interleaved_ms(paths: list[Path], x1: np.ndarray, repeats: int = 30, rounds: int = 5) -> list[float]:
+def interleaved_invoke_ms(paths: list[Path], x1: np.ndarray, repeats: int = 30, rounds: int = 5) -> list[float]:
     """Median invoke time per file, the files alternating over `rounds` (same load for each)."""
     its = []
     for p in paths:
         it = Interpreter(model_path=str(p), num_threads=1)
         it.allocate_tensors()
         it.set_tensor(it.get_input_details()[0]["index"], np.ascontiguousarray(x1.transpose(0, 2, 3, 1)))
-        it.invoke()
         its.append(it)
-    times: list[list[float]] = [[] for _ in paths]
-    for _ in range(rounds):
-        for k, it in enumerate(its):
-            for _ in range(repeats):
-                t = time.perf_counter()
-                it.invoke()
-                times[k].append(time.perf_counter() - t)
-    return [1000 * statistics.median(t) for t in times]
+    return interleaved_ms([it.invoke for it in its], per_round=repeats, rounds=rounds, warmup=1)
 
 
 def main() -> None:
@@ -103,7 +95,7 @@ def main() -> None:
             ort_y = np.concatenate([sess.run(None, {"x": xe[i:i + 16]})[0] for i in range(0, len(xe), 16)])
             acc = {"ort": score(which, ort_y), "fp32": score(which, lite_outputs(fp32, xe)),
                    "int8": score(which, lite_outputs(int8, xe))}
-            ms_fp32, ms_int8 = interleaved_ms([fp32, int8], xe[:1])
+            ms_fp32, ms_int8 = interleaved_invoke_ms([fp32, int8], xe[:1])
             kernels = ", ".join(f"{k} x{v}" for k, v in (report.int8_kernels or {}).items())
             rows.append(f"| {which} | {100 * acc['ort']:.2f} | {100 * acc['fp32']:.2f} | **{100 * acc['int8']:.2f}** | "
                         f"{ms_fp32:.2f} | {ms_int8:.2f} | {ms_fp32 / ms_int8:.2f}x | {seconds:.1f} | "

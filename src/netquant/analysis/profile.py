@@ -18,12 +18,12 @@ first match wins:
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
 import statistics
 import tempfile
-import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 import onnx
 
+from netquant.analysis.timing import interleaved_ms
 from netquant.errors import ExportError
 from netquant.graph import Graph
 
@@ -104,7 +105,7 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
 def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
                   runs: int = 8, threads: int = 1) -> list[float]:
     """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
-    interleaved round by round so that machine load hits them alike."""
+    interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -118,16 +119,8 @@ def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndar
         except Exception as exc:
             raise ExportError(f"onnxruntime cannot load the model to time it: {exc}") from exc
     feed = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
-    times: list[list[float]] = [[] for _ in sessions]
-    for sess in sessions:  # warm-up (weight packing, allocations)
-        sess.run(None, feed)
-    for _ in range(rounds):
-        for i, sess in enumerate(sessions):
-            for _ in range(runs):
-                t = time.perf_counter()
-                sess.run(None, feed)
-                times[i].append((time.perf_counter() - t) * 1000.0)
-    return [statistics.median(t) for t in times]
+    return interleaved_ms([functools.partial(sess.run, None, feed) for sess in sessions], per_round=runs,
+                          rounds=rounds, warmup=1)
 
 
 @dataclass

@@ -1,0 +1,20 @@
+"""analysis.timing.interleaved_ms: the warm-up, the round-robin order and the medians."""
+
+from __future__ import annotations
+
+import time
+
+from netquant.analysis.timing import interleaved_ms
+
+
+def test_calls_alternate_round_by_round_after_their_warmup():
+    order: list[str] = []
+    calls = [lambda: order.append("a"), lambda: order.append("b")]
+    ms = interleaved_ms(calls, per_round=2, rounds=3, warmup=1)
+    assert order == ["a", "b"] + ["a", "a", "b", "b"] * 3
+    assert len(ms) == 2 and all(m >= 0 for m in ms)
+
+
+def test_medians_in_milliseconds():
+    ms = interleaved_ms([lambda: time.sleep(0.004), lambda: None], per_round=3, rounds=2, warmup=0)
+    assert 3.5 <= ms[0] <= 50 and ms[1] < 1.0
