@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from netquant.analysis.regions import Region, keep_float
-from netquant.core.tensor_config import TensorQuantConfig
-from netquant.graph import Executor, Node
-from netquant.passes.quant_graph import QuantizedGraph, emits, fake_quant
+from netquant.graph import Executor
+from netquant.passes.quant_graph import QuantizedGraph
 
 Metric = Callable[[dict[str, torch.Tensor], Any], float]
 
@@ -52,9 +51,8 @@ def cosine_loss(ref: dict[str, torch.Tensor], test: dict[str, torch.Tensor]) -> 
 class LossMeter:
     """loss(float_regions): the quality loss of the fake-quant model with those regions kept in float.
 
-    One executor serves every call: its hooks fake-quantize with the configs that emit under the current
-    placement (the same rule as QuantizedGraph.attach_fake_quant, exact accumulation); weights are fake-quantized
-    once (keep_float changes states, never params).
+    One executor serves every call: QuantizedGraph.attach_fake_quant's hooks (exact accumulation), re-planned for
+    each placement; weights are fake-quantized once (keep_float changes states, never params).
     """
 
     def __init__(self, qgraph: QuantizedGraph, data: Iterable[Any], metric: Metric | None = None) -> None:
@@ -62,13 +60,9 @@ class LossMeter:
         self.metric = metric
         self.data = list(data)
         self.calls = 0
-        self._in: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
-        self._out: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
-        self._weights: dict[int, torch.Tensor] = {}
-        self._inits = set(qgraph.graph.initializers)
         self.executor = Executor(qgraph.graph)
-        self.executor.add_pre_hook(self._pre)
-        self.executor.add_post_hook(self._post)
+        self.hooks = qgraph.attach_fake_quant(self.executor)  # exact accumulation; re-planned per placement
+        self.hooks.plan(False)
         with torch.no_grad():
             if metric is None:
                 self.reference = self._concat([self.executor.run(b) for b in self.data])
@@ -76,41 +70,8 @@ class LossMeter:
             else:
                 self.reference_score = self._score([self.executor.run(b) for b, _ in self.data])
 
-    def _apply(self, node: Node, tensors: list[Any], plan: list[tuple[int, TensorQuantConfig]],
-               is_input: bool) -> list[Any]:
-        out = list(tensors)
-        for i, cfg in plan:
-            x = out[i] if i < len(out) else None
-            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-                continue
-            if is_input and node.inputs[i] in self._inits:
-                hit = self._weights.get(id(cfg))
-                if hit is None:
-                    hit = self._weights[id(cfg)] = fake_quant(x, cfg)
-                out[i] = hit
-            else:
-                out[i] = fake_quant(x, cfg)
-        return out
-
-    def _pre(self, node: Node, inputs: list[Any]) -> list[Any] | None:
-        plan = self._in.get(node.name)
-        return self._apply(node, inputs, plan, True) if plan else None
-
-    def _post(self, node: Node, outputs: list[Any]) -> list[Any] | None:
-        plan = self._out.get(node.name)
-        return self._apply(node, outputs, plan, False) if plan else None
-
     def _plan(self, on: bool) -> None:
-        self._in, self._out = {}, {}
-        if not on:
-            return
-        for name, oc in self.qgraph.op_configs.items():
-            ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
-            outs = [(i, c) for i, c in enumerate(oc.outputs) if emits(c)]
-            if ins:
-                self._in[name] = ins
-            if outs:
-                self._out[name] = outs
+        self.hooks.plan(on)
 
     @staticmethod
     def _concat(runs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

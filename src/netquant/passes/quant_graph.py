@@ -121,57 +121,14 @@ class QuantizedGraph:
             self.attach_fake_quant(ex, accumulation)
         return ex
 
-    def attach_fake_quant(self, ex: Executor, accumulation: Accumulation = Accumulation.EXACT) -> list[Any]:
-        """Add pre/post hooks applying fake quantization (and the kernel arithmetic); returns the hook handles."""
+    def attach_fake_quant(self, ex: Executor, accumulation: Accumulation = Accumulation.EXACT) -> FakeQuantHooks:
+        """Add pre/post hooks applying fake quantization (and the kernel arithmetic), planned from the configs'
+        current states; FakeQuantHooks.plan() re-plans them after states change."""
         from netquant.passes.int_emulation import emulator_for
 
-        emulator = emulator_for(self, accumulation)
-        in_plan: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
-        out_plan: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
-        for name, oc in self.op_configs.items():
-            ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
-            outs = [(i, c) for i, c in enumerate(oc.outputs) if emits(c)]
-            if ins:
-                in_plan[name] = ins
-            if outs:
-                out_plan[name] = outs
-        weight_cache: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-
-        def apply(node: Node, tensors: list[Any], plan: list[tuple[int, TensorQuantConfig]],
-                  is_input: bool) -> list[Any]:
-            out = list(tensors)
-            for i, cfg in plan:
-                x = out[i] if i < len(out) else None
-                if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-                    continue
-                if is_input and not x.requires_grad and node.inputs[i] in self.graph.initializers:
-                    key = id(cfg)
-                    hit = weight_cache.get(key)
-                    if hit is not None and (hit[0] is x or (hit[0].data_ptr() == x.data_ptr()
-                                                            and hit[0].shape == x.shape)):
-                        out[i] = hit[1]
-                        continue
-                    fq = fake_quant(x, cfg)
-                    weight_cache[key] = (x, fq)
-                    out[i] = fq
-                else:
-                    out[i] = fake_quant(x, cfg)
-            return out
-
-        def pre(node: Node, inputs: list[Any]) -> list[Any] | None:
-            plan = in_plan.get(node.name)
-            out = apply(node, inputs, plan, True) if plan else None
-            if emulator is not None:
-                emulator.capture(node, out if out is not None else inputs)
-            return out
-
-        def post(node: Node, outputs: list[Any]) -> list[Any] | None:
-            if emulator is not None:
-                outputs = emulator.adjust(node, outputs)
-            plan = out_plan.get(node.name)
-            return apply(node, outputs, plan, False) if plan else outputs
-
-        return [ex.add_pre_hook(pre), ex.add_post_hook(post)]
+        hooks = FakeQuantHooks(self, emulator_for(self, accumulation))
+        hooks.handles = [ex.add_pre_hook(hooks.pre), ex.add_post_hook(hooks.post)]
+        return hooks
 
     def run(self, inputs: Any, fake_quant: bool = True, outputs: Sequence[str] | None = None,
             accumulation: Accumulation = Accumulation.EXACT) -> dict[str, torch.Tensor]:
@@ -182,3 +139,64 @@ class QuantizedGraph:
     def __repr__(self) -> str:
         return (f"QuantizedGraph({self.graph.name!r}, platform={self.platform.name}, "
                 f"{len(self.quantized_ops())}/{len(self.graph.nodes)} ops quantized)")
+
+
+class FakeQuantHooks:
+    """The executor hooks of QuantizedGraph.attach_fake_quant: every emitting config fake-quantizes its tensor
+    (weights once per config and weight tensor), and an emulator, if any, applies the kernels' arithmetic."""
+
+    def __init__(self, qgraph: QuantizedGraph, emulator: Any = None) -> None:
+        self.qgraph = qgraph
+        self.emulator = emulator
+        self.handles: list[Any] = []
+        self._in: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
+        self._out: dict[str, list[tuple[int, TensorQuantConfig]]] = {}
+        self._weights: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._inits = qgraph.graph.initializers
+        self.plan()
+
+    def plan(self, on: bool = True) -> None:
+        """Which tensors the hooks quantize: those whose configs emit in their current states (on=False: none)."""
+        self._in, self._out = {}, {}
+        if not on:
+            return
+        for name, oc in self.qgraph.op_configs.items():
+            ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
+            outs = [(i, c) for i, c in enumerate(oc.outputs) if emits(c)]
+            if ins:
+                self._in[name] = ins
+            if outs:
+                self._out[name] = outs
+
+    def _apply(self, node: Node, tensors: list[Any], plan: list[tuple[int, TensorQuantConfig]],
+               is_input: bool) -> list[Any]:
+        out = list(tensors)
+        for i, cfg in plan:
+            x = out[i] if i < len(out) else None
+            if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+                continue
+            if is_input and not x.requires_grad and node.inputs[i] in self._inits:
+                hit = self._weights.get(id(cfg))
+                if hit is not None and (hit[0] is x or (hit[0].data_ptr() == x.data_ptr()
+                                                        and hit[0].shape == x.shape)):
+                    out[i] = hit[1]
+                    continue
+                fq = fake_quant(x, cfg)
+                self._weights[id(cfg)] = (x, fq)
+                out[i] = fq
+            else:
+                out[i] = fake_quant(x, cfg)
+        return out
+
+    def pre(self, node: Node, inputs: list[Any]) -> list[Any] | None:
+        plan = self._in.get(node.name)
+        out = self._apply(node, inputs, plan, True) if plan else None
+        if self.emulator is not None:
+            self.emulator.capture(node, out if out is not None else inputs)
+        return out
+
+    def post(self, node: Node, outputs: list[Any]) -> list[Any] | None:
+        if self.emulator is not None:
+            outputs = self.emulator.adjust(node, outputs)
+        plan = self._out.get(node.name)
+        return self._apply(node, outputs, plan, False) if plan else outputs
