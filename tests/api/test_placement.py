@@ -62,6 +62,20 @@ def test_balanced_keeps_int8_unless_the_model_would_be_slower_than_fp32():
         assert all(r.reason == Reason.SLOWER for r in floated)
 
 
+def test_a_source_onnxruntime_cannot_run_falls_back_to_the_cleaned_graph():
+    """INT8 first times the user's FP32 model; one onnxruntime cannot load is named in the note, not raised."""
+    import onnx
+
+    from netquant.api.placement import search_placement
+    from netquant.passes.settings import QuantSettings
+
+    qm = quantize_onnx(conv_stack(), stack_batches(), quiet=True, objective=None)
+    settings = QuantSettings.from_kwargs("onnxruntime_int8", {"objective": "balanced", "max_loss": 1e9})
+    p = search_placement(qm.qgraph, settings, time_budget_s=30.0, source=onnx.ModelProto())
+    assert p.note.startswith("source model not timed (onnxruntime cannot load the model to time it")
+    assert "source_fp32_wall_ms" not in p.measured and p.measured["fp32_ms"] > 0
+
+
 def test_zero_budget_keeps_everything_float_and_matches_fp32():
     """max_loss=0: any quantization error breaks the budget, so every region ends in float and the fake-quant
     model computes the FP32 graph exactly."""

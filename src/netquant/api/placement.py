@@ -47,7 +47,7 @@ from netquant.analysis.profile import (
 from netquant.analysis.regions import find_regions, keep_float
 from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
 from netquant.atomic import write_text_atomic
-from netquant.errors import ConfigError
+from netquant.errors import ConfigError, ExportError
 from netquant.export.ort_kernels import INT8_KERNEL_OPS
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import Objective, QuantSettings
@@ -360,10 +360,14 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         from netquant.export.onnx_qdq import build_qdq_model
 
         t = time.perf_counter()
-        src_ms, all8_ms = wall_clock_ms([source, build_qdq_model(qgraph)[0]], s.feeds or {})
+        try:
+            src_ms, all8_ms = wall_clock_ms([source, build_qdq_model(qgraph)[0]], s.feeds or {})
+        except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
+            placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
+        else:
+            measured.update({"source_fp32_wall_ms": src_ms, "all_int8_wall_ms": all8_ms})
+            int8_first_ok = all8_ms <= src_ms
         s.profile_s += time.perf_counter() - t
-        measured.update({"source_fp32_wall_ms": src_ms, "all_int8_wall_ms": all8_ms})
-        int8_first_ok = all8_ms <= src_ms
 
     def speed_floats(slower: set[str], int8_ms: float) -> set[str]:
         """LATENCY: every region measured slower in INT8. BALANCED / ACCURACY (INT8 first: the model really in
@@ -504,5 +508,6 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
     if time.perf_counter() > s.deadline:
-        placement.note = f"time cap of {time_budget_s:.1f} s reached: some measurements skipped"
+        placement.note = "; ".join(filter(None, [placement.note, f"time cap of {time_budget_s:.1f} s reached: some "
+                                                                  "measurements skipped"]))
     return placement
