@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from netquant.core.rounding import round_with_policy_
 from netquant.core.spec import Granularity, QuantSpec
 
 PAIR_LIMIT = 128
@@ -338,55 +339,55 @@ def _pair_limited_scale_any(x: torch.Tensor, scale: torch.Tensor, zero_point: to
     return best
 
 
-_SEARCH_CHUNK_ELEMS = 1 << 18  # scale-search steps evaluated together (small weights): at most this many elements
+_SEARCH_BLOCK_ELEMS = 1 << 18  # steps x rows x K evaluated at once: cache-sized blocks, bounded memory
 
 
 def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                            limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
-    """pair_limited_scale searched in the kernel's [N, K] order (one layout change, not one per step), several
-    steps stacked row-wise into one [steps * N, K] matrix when small: the same codes per element; the errors are
-    the same float64 terms summed per row (then per channel), compared step after step as before."""
-    from netquant.core.ops import quantize
+    """pair_limited_scale in the kernel's [N, K] order, float32, a block of rows at a time with every step at once,
+    the pairs' first and second elements in two contiguous halves:
 
-    x_nk = limit.layout.to_nk(x).contiguous()
+        t = x * (1/s)  (as core.ops.quantize),  q = clamp(round(t), qmin, qmax),
+        same-sign pairs with |q0| + |q1| > limit moved to |q0| + |q1| = limit (as limit_pair_sums),
+        err(step, channel) = sum over the channel's rows of s^2 * sum_k (t_k - q_k)^2;
+
+    per channel the first step of least error wins. Symmetric weights only (zero point 0): others take the
+    layout-generic search."""
+    if bool(zero_point.any()):
+        return _pair_limited_scale_any(x, scale, zero_point, spec, limit, factors)
+    x_nk = limit.layout.to_nk(x).to(torch.float32)
+    if x_nk.shape[1] % 2:
+        x_nk = F.pad(x_nk, (0, 1))  # the pad's code is 0: its pair never exceeds the limit, its error is 0
+    halves = x_nk[:, 0::2].contiguous(), x_nk[:, 1::2].contiguous()
     n, k = x_nk.shape
-    x_even = F.pad(x_nk, (0, 1)) if k % 2 else x_nk
-    per_channel = scale.numel() > 1
     channels = scale.numel()
-    repeat = n // channels
-    spec_rows = spec.with_(granularity=Granularity.PER_CHANNEL, axis=0, group_size=None)  # one scale per row
-    z_rows_q = zero_point.reshape(-1).to(torch.int32).expand(channels).repeat(repeat) if zero_point.numel() == 1 \
-        else zero_point.reshape(-1).to(torch.int32).repeat(repeat)
-    zero_free = not bool(zero_point.any())  # (q - 0) * s == q * s: the subtraction is skipped
-    scales = [(scale.double() * f).to(scale.dtype) for f in factors]
-    chunk = max(1, _SEARCH_CHUNK_ELEMS // max(1, x_nk.numel()))
-    x64 = x_nk.to(torch.float64)
-    best_err: torch.Tensor | None = None
-    best = scale.clone()
-    for start in range(0, len(scales), chunk):
-        group = scales[start:start + chunk]
-        g = len(group)
-        xg = x_nk.repeat(g, 1) if g > 1 else x_nk
-        xg_even = x_even.repeat(g, 1) if g > 1 else x_even
-        s_q = torch.cat([sc.reshape(-1).expand(channels).repeat(repeat) for sc in group])  # scale dtype, per row
-        s_row = s_q.to(torch.float64)
-        z_row = z_rows_q.to(torch.float64).repeat(g)
-        codes = quantize(xg, s_q, z_rows_q.repeat(g), spec_rows)
-        codes = F.pad(codes, (0, 1)) if k % 2 else codes  # the pad code is 0, as limit_pair_sums pads
-        q_even = codes.to(torch.float64)
-        _limit_nk_(q_even, codes, xg_even, s_row, z_row, limit.limit)
-        q = q_even[:, :k]
-        if not zero_free:
-            q = q.sub_(z_row[:, None])
-        d = torch.sub(x64.repeat(g, 1) if g > 1 else x64, q.mul_(s_row[:, None]))  # x - (q - z) * s
-        errs = d.mul_(d).sum(1).reshape(g, n)
-        errs = errs.reshape(g, repeat, channels).sum(1) if per_channel else errs.sum(1)
-        for sc, err in zip(group, errs):
-            err = err.reshape(scale.shape)
-            if best_err is None:
-                best_err = err
-                continue
-            better = err < best_err
-            best = torch.where(better, sc, best)
-            best_err = torch.where(better, err, best_err)
-    return best
+    row_channel = torch.arange(n) % channels  # rows are (leading..., channel) or one per channel
+    steps = torch.stack([(scale.double() * f).to(scale.dtype).reshape(-1) for f in factors])  # [S, C]
+    s_rows = steps.to(torch.float32)[:, row_channel]  # [S, N]
+    inv_rows = torch.reciprocal(s_rows)
+    errs = torch.empty((len(factors), n), dtype=torch.float64)
+    qmin, qmax, lim = float(spec.qmin), float(spec.qmax), float(limit.limit)
+    simple_over = lim >= max(-qmin, qmax)  # then opposite signs or a 0 never exceed: over <=> |q0 + q1| > limit
+    block = max(1, _SEARCH_BLOCK_ELEMS // (len(factors) * k))
+    for r in range(0, n, block):
+        inv = inv_rows[:, r:r + block, None]
+        t0, t1 = (h[r:r + block].unsqueeze(0) * inv for h in halves)  # [S, R, K/2] each
+        q0 = round_with_policy_(t0.clone(), spec.rounding, sign_source=t0).clamp_(qmin, qmax)
+        q1 = round_with_policy_(t1.clone(), spec.rounding, sign_source=t1).clamp_(qmin, qmax)
+        if simple_over:
+            over = torch.add(q0, q1).abs_().gt_(lim)
+        else:
+            over = (q0 * q1 > 0) & (q0.abs() + q1.abs() > lim)
+        idx = over.view(-1).nonzero().squeeze(1)
+        if idx.numel():  # v = |t|, m0 = v0 - (v0 + v1 - limit) / 2, pair -> sign * (r0, limit - r0)
+            a0, a1 = t0.view(-1).index_select(0, idx), t1.view(-1).index_select(0, idx)
+            sign = a0.sign()
+            r0 = (a0 - a1).mul_(sign).add_(lim).div_(2).clamp_(lim - 127, 127).round_()
+            q0.view(-1).index_copy_(0, idx, r0 * sign)
+            q1.view(-1).index_copy_(0, idx, r0.neg_().add_(lim).mul_(sign))
+        d0, d1 = t0.sub_(q0), t1.sub_(q1)
+        errs[:, r:r + block] = d0.mul_(d0).sum(-1).add_(d1.mul_(d1).sum(-1))
+    errs.mul_(s_rows.double().square())
+    per_channel = errs.reshape(len(factors), -1, channels).sum(1)  # [S, C]
+    best = per_channel.argmin(0)  # the first minimum: ties keep the smaller scale
+    return steps[best, torch.arange(channels)].reshape(scale.shape)
