@@ -74,6 +74,7 @@ class Reason:
     FILE = "placement file"
     FORCED = "onnxruntime quantizes it anyway when float (Q/DQ both sides)"
     KEPT = "kept int8: the model stays faster than FP32"
+    NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
 
 
 @dataclass
@@ -158,7 +159,7 @@ class Placement:
                  ""]
         if self.note:
             lines += [self.note, ""]
-        if "placed_ms" not in self.measured and self.note:
+        if "placed_ms" not in self.measured and "loss_placed" not in self.measured and self.note:
             return "\n".join(lines)  # not measured: no decision table to show
         lines.append("| " + " | ".join(ROW_HEADER) + " |")
         lines.append("|" + "---|" * len(ROW_HEADER))
@@ -200,10 +201,14 @@ def _batch1(batch: dict[str, torch.Tensor], qgraph: QuantizedGraph) -> dict[str,
 
 
 def applies(settings: QuantSettings, qgraph: QuantizedGraph) -> bool:
-    """True when placement can measure this platform (onnxruntime CPU) and an objective or file is set."""
-    if settings.placement_from is not None:
-        return True
-    return settings.objective is not None and qgraph.platform.validation is Validation.ONNXRUNTIME
+    """True when a placement file or an objective is set: onnxruntime CPU platforms are timed and budgeted, every
+    other platform (its engine is not timed here) gets the accuracy budget alone."""
+    return settings.placement_from is not None or settings.objective is not None
+
+
+def timed(qgraph: QuantizedGraph) -> bool:
+    """Whether placement measures speed for this platform (onnxruntime CPU, the engine profiled here)."""
+    return qgraph.platform.validation is Validation.ONNXRUNTIME
 
 
 def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float,
@@ -321,9 +326,111 @@ class _Search:
         return {a for a in self.by_anchor if self.t8.get(a, 0.0) > SLOWER_MARGIN * self.t32.get(a, math.inf) + SLOWER_MS}
 
 
+class _Budget:
+    """The accuracy budget of one search: the fake-quant loss of a float set (memoised; 0 without a budget) and the
+    greedy choice of regions to float until it is within max_loss."""
+
+    def __init__(self, s: _Search, max_loss: float | None, objective: Objective) -> None:
+        self.s = s
+        self.max_loss = max_loss
+        self.objective = objective
+        self.loss_of: dict[frozenset[str], float] = {}
+        self.marginal: dict[str, Sensitivity] = {}
+        self.local: dict[str, float] = {}
+        self.meter: LossMeter | None = None
+        if max_loss is not None:
+            qgraph, settings = s.qgraph, s.settings
+            data = (list(settings.eval_data) if settings.eval_data is not None
+                    else [_first(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
+                                                                           or [qgraph.sample_inputs])])
+            self.meter = LossMeter(qgraph, data, settings.metric)
+
+    def loss(self, fl: set[str] | frozenset[str]) -> float:
+        key = frozenset(fl)
+        if self.meter is None:
+            return 0.0
+        if key not in self.loss_of:
+            self.loss_of[key] = self.meter.loss([self.s.by_anchor[a] for a in sorted(fl)])
+        return self.loss_of[key]
+
+    def saved_ms(self, a: str) -> float:
+        """What keeping `a` in float saves in time (0 where not timed)."""
+        return self.s.t32.get(a, 0.0) - self.s.t8.get(a, 0.0)
+
+    def score(self, a: str) -> tuple[float, str]:
+        """Greedy order: the loss floating `a` saves on top of the fixed floats, or where those were not all measured
+        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED where times were measured."""
+        complete = all(se.gain is not None for se in self.marginal.values())
+        se = self.marginal.get(a)
+        gain = (se.gain or 0.0) if complete and se is not None else self.local.get(a, 0.0)
+        if self.objective is Objective.ACCURACY or not self.s.t32:
+            return gain, a
+        return gain / max(self.saved_ms(a), 1e-3), a
+
+    def fill(self, fixed: set[str], exclude: set[str]) -> set[str]:
+        """Regions to float on top of `fixed`, best score first, until the loss is within max_loss."""
+        s, extra = self.s, set()
+        if self.meter is None or self.max_loss is None:
+            return extra
+        while self.loss(fixed | extra) > self.max_loss:
+            left = [a for a in sorted(s.by_anchor) if a not in fixed | extra | exclude]
+            if not left:
+                break
+            if not self.marginal:  # measured once, when the budget first needs it
+                self.local.update(region_output_nsr(self.meter, s.regions))
+                order = sorted((s.by_anchor[a] for a in left), key=lambda r: (-self.saved_ms(r.anchor), r.anchor))
+                self.marginal.update(region_sensitivity(self.meter, order, [s.by_anchor[a] for a in sorted(fixed)],
+                                                        deadline=s.deadline, only=False)[1])
+            extra.add(max(left, key=self.score))
+        return extra
+
+    def report(self, best: frozenset[str], deadline: float) -> dict[str, Sensitivity]:
+        """Each region's sensitivity (vs all INT8) for the report, placed regions first, until `deadline`."""
+        sens: dict[str, Sensitivity] = {}
+        if self.meter is None:
+            return sens
+        everything = set(self.s.by_anchor)
+        for r in sorted(self.s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
+            if time.perf_counter() > deadline:
+                break
+            all_but = self.loss({r.anchor})
+            sens[r.anchor] = Sensitivity(self.loss(everything - {r.anchor}), all_but, self.loss(set()) - all_but)
+        return sens
+
+
+def _decisions(s: _Search, best: frozenset[str], sens: dict[str, Sensitivity],
+               reason_of: Any) -> list[RegionDecision]:
+    """One RegionDecision per region: float where in `best`, with reason_of(anchor) and its times / losses."""
+    out = []
+    for r in s.regions:
+        a, se = r.anchor, sens.get(r.anchor)
+        t8, t32 = s.t8.get(a), s.t32.get(a)
+        out.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason_of(a),
+                                  None if t8 is None else round(t8, 4), None if t32 is None else round(t32, 4),
+                                  se.only if se else None, se.all_but if se else None, se.gain if se else None))
+    return out
+
+
+def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float, time_budget_s: float) -> Placement:
+    """Platforms whose engine is not timed here: the regions the accuracy budget needs stay float, the rest INT8."""
+    best = frozenset(budget.fill(set(), set()))
+    sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
+    keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(best)])
+    engine = s.qgraph.platform.validation.value
+    placement.regions = _decisions(s, best, sens, lambda a: Reason.BUDGET if a in best else Reason.NOT_TIMED)
+    placement.measured = {"loss_all_int8": budget.loss_of.get(frozenset()),
+                          "loss_placed": budget.loss(best) if budget.meter is not None else None,
+                          "loss_passes": budget.meter.calls if budget.meter else 0,
+                          "seconds": round(time.perf_counter() - start, 6)}
+    placement.note = (f"speed not measured (the platform's engine, {engine}, is not timed here): the accuracy budget "
+                      "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8"))
+    return placement
+
+
 def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0,
                      source: onnx.ModelProto | None = None) -> Placement:
-    """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it."""
+    """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it.
+    Platforms other than onnxruntime CPU: the accuracy budget alone (_budget_only)."""
     start = time.perf_counter()
     objective = Objective.parse(settings.objective) if settings.objective is not None else Objective.BALANCED
     max_loss = settings.max_loss if settings.max_loss is not None else DEFAULT_MAX_LOSS[objective]
@@ -336,6 +443,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         placement.regions = [RegionDecision(r.anchor, r.op_type, list(r.ops), "int8", "rules (not measured)")
                              for r in s.regions]
         return placement
+    if not timed(qgraph):
+        return _budget_only(s, _Budget(s, max_loss, objective), placement, start, time_budget_s)
     weights = sum(int(qgraph.graph.initializers[i].numel()) for r in s.regions for op in r.ops
                   for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
     if weights < MIN_WEIGHTS:
@@ -386,63 +495,13 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
 
     float_speed = s.settle(speed_floats(s.slower(), p8.node_total_ms))
 
-    # accuracy budget
-    budget_float: set[str] = set()
-    sens: dict[str, Sensitivity] = {}
-    loss_of: dict[frozenset[str], float] = {}
-    meter: LossMeter | None = None
-
-    def loss(fl: set[str]) -> float:
-        """The budget's loss of a float set (memoised; 0 without a budget)."""
-        key = frozenset(fl)
-        if meter is None:
-            return 0.0
-        if key not in loss_of:
-            loss_of[key] = meter.loss([s.by_anchor[a] for a in sorted(fl)])
-        return loss_of[key]
-
-    marginal: dict[str, Sensitivity] = {}
-    local: dict[str, float] = {}
-
-    def score(a: str) -> tuple[float, str]:
-        """Greedy order: the loss floating `a` saves on top of the speed floats, or where those were not all measured
-        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED."""
-        complete = all(se.gain is not None for se in marginal.values())
-        se = marginal.get(a)
-        gain = (se.gain or 0.0) if complete and se is not None else local.get(a, 0.0)
-        if objective is Objective.ACCURACY:
-            return gain, a
-        return gain / max(s.t32.get(a, 0.0) - s.t8.get(a, 0.0), 1e-3), a
-
-    def fill_budget(fixed: set[str], exclude: set[str]) -> set[str]:
-        """Regions to float on top of `fixed`, best score first, until the loss is within max_loss."""
-        extra: set[str] = set()
-        if meter is None or max_loss is None:
-            return extra
-        while loss(fixed | extra) > max_loss:
-            left = [a for a in sorted(s.by_anchor) if a not in fixed | extra | exclude]
-            if not left:
-                break
-            if not marginal:  # measured once, when the budget first needs it
-                local.update(region_output_nsr(meter, s.regions))
-                order = sorted((s.by_anchor[a] for a in left),
-                               key=lambda r: (-(s.t32.get(r.anchor, 0.0) - s.t8.get(r.anchor, 0.0)), r.anchor))
-                marginal.update(region_sensitivity(meter, order, [s.by_anchor[a] for a in sorted(fixed)],
-                                                   deadline=s.deadline, only=False)[1])
-            extra.add(max(left, key=score))
-        return extra
-
-    if max_loss is not None:
-        data = (list(settings.eval_data) if settings.eval_data is not None
-                else [_first(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
-                                                                       or [qgraph.sample_inputs])])
-        meter = LossMeter(qgraph, data, settings.metric)
-    budget_float = fill_budget(float_speed, s.forced)
+    budget = _Budget(s, max_loss, objective)
+    budget_float = budget.fill(float_speed, s.forced)
     for _ in range(len(all_anchors)):  # a budget float onnxruntime would re-quantize is no float: choose again
         settled = s.settle(float_speed | budget_float)
         if settled == float_speed | budget_float:
             break
-        budget_float = (settled - float_speed) | fill_budget(settled, s.forced)
+        budget_float = (settled - float_speed) | budget.fill(settled, s.forced)
     # iterate on the candidate
     current = float_speed | budget_float
     seen = {frozenset()}
@@ -456,7 +515,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         if not forced:  # a candidate onnxruntime re-quantized is not the model we would ship
             candidates.append((prof.node_total_ms, frozenset(current)))
         speed = s.settle(speed_floats(s.slower() - s.forced, p8.node_total_ms))
-        budget_float = (budget_float - s.forced) | fill_budget(speed | (budget_float - s.forced), s.forced)
+        budget_float = (budget_float - s.forced) | budget.fill(speed | (budget_float - s.forced), s.forced)
         current = s.settle(speed | budget_float)
         budget_float &= current
     if current == all_anchors and frozenset(current) not in seen:
@@ -466,7 +525,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         estimate = p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current)
         candidates.append((estimate, frozenset(current)))
         measured["placed_ms_estimated"] = 1
-    ok = [(t, fl) for t, fl in candidates if max_loss is None or loss(set(fl)) <= max_loss]
+    ok = [(t, fl) for t, fl in candidates if max_loss is None or budget.loss(fl) <= max_loss]
     if not ok:  # the budget's candidate was not profiled (time cap): its time is the sum of its regions' times
         current = s.settle(current)
         ok = [(p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current), frozenset(current))]
@@ -476,33 +535,26 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     else:  # INT8 first: the candidate with the fewest float regions among those no slower than FP32
         fast = ok if int8_first_ok else [c for c in ok if c[0] <= fp32_ms] or ok
         best_t, best = min(fast, key=lambda c: (len(c[1]), round(c[0], 6), sorted(c[1])))
-    final_loss = loss(set(best)) if meter is not None else None
-    if meter is not None:  # the report's sensitivities (vs all INT8), within REPORT_SHARE of the cap
-        report_deadline = min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s)
-        for r in sorted(s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
-            if time.perf_counter() > report_deadline:
-                break
-            all_but = loss({r.anchor})
-            sens[r.anchor] = Sensitivity(loss(all_anchors - {r.anchor}), all_but, loss(set()) - all_but)
+    final_loss = budget.loss(best) if budget.meter is not None else None
+    sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
     keep_float(qgraph, [s.by_anchor[a] for a in sorted(best)])
-    for r in s.regions:
-        a = r.anchor
+    slower = s.slower()
+
+    def reason_of(a: str) -> str:
         if a in best:
-            reason = Reason.BUDGET if a in budget_float else Reason.SLOWER
-        elif a in s.forced:
-            reason = Reason.FORCED
-        else:
-            reason = Reason.FASTER if a not in s.slower() else (
-                "fastest measured candidate" if objective is Objective.LATENCY else Reason.KEPT)
-        se = sens.get(a)
-        placement.regions.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason,
-                                                round(s.t8.get(a, 0.0), 4), round(s.t32.get(a, 0.0), 4),
-                                                se.only if se else None, se.all_but if se else None,
-                                                se.gain if se else None))
+            return Reason.BUDGET if a in budget_float else Reason.SLOWER
+        if a in s.forced:
+            return Reason.FORCED
+        if a not in slower:
+            return Reason.FASTER
+        return "fastest measured candidate" if objective is Objective.LATENCY else Reason.KEPT
+
+    placement.regions = _decisions(s, best, sens, reason_of)
     measured.update({"placed_ms": best_t, "speedup_vs_fp32": p32.node_total_ms / best_t if best_t else 0.0,
                      "other_fp32_ms": region_times(p32, s.nmap, s.region_of, set()).get(OTHER, 0.0),
-                     "loss_all_int8": loss_of.get(frozenset()), "loss_placed": final_loss,
-                     "profiles": s.profiles, "profile_s": s.profile_s, "loss_passes": meter.calls if meter else 0,
+                     "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": final_loss,
+                     "profiles": s.profiles, "profile_s": s.profile_s,
+                     "loss_passes": budget.meter.calls if budget.meter else 0,
                      "rounds": rounds, "seconds": time.perf_counter() - start})
     if int8_first_ok and not best:  # the shipped file is the all-INT8 one timed against the source: that ratio
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)
