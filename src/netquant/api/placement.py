@@ -57,10 +57,12 @@ FORMAT = "netquant.placement/1"
 MAX_ROUNDS = 3
 DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
 MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
-MIN_TIME_S = 3.0
+MIN_TIME_S = 1.0
 TIME_SHARE = 0.5  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
-PROFILE_RUNS = 20
+PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
+PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
+WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 
@@ -74,6 +76,7 @@ class Reason:
     FILE = "placement file"
     FORCED = "onnxruntime quantizes it anyway when float (Q/DQ both sides)"
     KEPT = "kept int8: the model stays faster than FP32"
+    WHOLE_MODEL = "int8: the all-INT8 model is no slower than the source (per-region times not profiled)"
     NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
 
 
@@ -263,15 +266,23 @@ class _Search:
         self.forced: set[str] = set()
         self.profiles = 0
         self.profile_s = 0.0
+        self.built: dict[frozenset[str], onnx.ModelProto] = {}
 
-    def profile(self, float_set: set[str]) -> OrtProfile:
+    def build(self, float_set: set[str]) -> onnx.ModelProto:
+        """The QDQ export of the quantized graph with `float_set` kept in float (memoised)."""
         from netquant.export.onnx_qdq import build_qdq_model
 
+        key = frozenset(float_set)
+        if key not in self.built:
+            with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
+                self.built[key] = build_qdq_model(self.qgraph)[0]
+        return self.built[key]
+
+    def profile(self, float_set: set[str]) -> OrtProfile:
         t = time.perf_counter()
         self.profiles += 1
-        with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
-            model, _, _ = build_qdq_model(self.qgraph)
-        prof = profile_onnx(model, self.feeds or {}, runs=PROFILE_RUNS)
+        model = self.build(float_set)
+        prof = profile_onnx(model, self.feeds or {}, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
         self.profile_s += time.perf_counter() - t
         return prof
 
@@ -279,15 +290,12 @@ class _Search:
         """`float_set` less the regions onnxruntime would run in INT8 anyway (analysis.profile.ort_requantizes, checked
         on the exported candidate; repeated, since each such region back in INT8 puts Q/DQ next to its neighbours);
         those are added to self.forced."""
-        from netquant.export.onnx_qdq import build_qdq_model
 
         current = set(float_set)
         for _ in range(len(self.by_anchor)):
             if not current:
                 break
-            with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(current)]):
-                model, _, _ = build_qdq_model(self.qgraph)
-            hit = ort_requantizes(model, current)
+            hit = ort_requantizes(self.build(current), current)
             if not hit:
                 break
             self.forced |= hit
@@ -299,7 +307,8 @@ class _Search:
 
         t = time.perf_counter()
         self.profiles += 1
-        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds or {}, runs=PROFILE_RUNS)
+        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds or {}, runs=PROFILE_RUNS,
+                            warmup=PROFILE_WARMUP)
         self.profile_s += time.perf_counter() - t
         return prof
 
@@ -394,7 +403,8 @@ class _Budget:
             if time.perf_counter() > deadline:
                 break
             all_but = self.loss({r.anchor})
-            sens[r.anchor] = Sensitivity(self.loss(everything - {r.anchor}), all_but, self.loss(set()) - all_but)
+            only = self.loss(everything - {r.anchor}) if time.perf_counter() <= deadline else None
+            sens[r.anchor] = Sensitivity(only, all_but, self.loss(set()) - all_but)
         return sens
 
 
@@ -427,6 +437,22 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
     return placement
 
 
+def _all_int8_unprofiled(s: _Search, budget: _Budget, placement: Placement, measured: dict[str, Any], start: float,
+                         time_budget_s: float) -> Placement:
+    """BALANCED / ACCURACY decided by the whole-model check (all INT8 no slower than the source, within the budget)
+    when the cap leaves no time for per-region profiles: every region INT8, times not profiled."""
+    sens = budget.report(frozenset(), min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
+    placement.regions = _decisions(s, frozenset(), sens, lambda a: Reason.WHOLE_MODEL)
+    measured.update({"speedup_vs_fp32": measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9),
+                     "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": budget.loss_of.get(frozenset()),
+                     "profiles": 0, "profile_s": s.profile_s, "loss_passes": budget.meter.calls if budget.meter else 0,
+                     "seconds": time.perf_counter() - start})
+    placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
+    placement.note = "; ".join(filter(None, [placement.note, "all INT8: no slower than the source model and within "
+                                             "the budget; per-region times not profiled (time cap)"]))
+    return placement
+
+
 def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0,
                      source: onnx.ModelProto | None = None) -> Placement:
     """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it.
@@ -455,28 +481,33 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         return placement
 
     all_anchors = set(s.by_anchor)
-    p32 = s.profile_fp32()
-    s.update(p32, all_anchors)
-    p8 = s.profile(set())
-    s.update(p8, set())
-    measured: dict[str, float] = {"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms}
-    candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
-    fp32_ms = p32.node_total_ms
+    measured: dict[str, float] = {}
+    budget = _Budget(s, max_loss, objective)
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
     int8_first_ok = False
     if source is not None and objective is not Objective.LATENCY:
-        from netquant.export.onnx_qdq import build_qdq_model
-
         t = time.perf_counter()
         try:
-            src_ms, all8_ms = wall_clock_ms([source, build_qdq_model(qgraph)[0]], s.feeds or {})
+            src_ms, all8_ms = wall_clock_ms([source, s.build(set())], s.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS)
         except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
             placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
         else:
             measured.update({"source_fp32_wall_ms": src_ms, "all_int8_wall_ms": all8_ms})
             int8_first_ok = all8_ms <= src_ms
         s.profile_s += time.perf_counter() - t
+    if int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss) and \
+            time.perf_counter() > start + PROFILE_AFTER_SHARE * time_budget_s:
+        # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
+        # the cap
+        return _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+    p32 = s.profile_fp32()
+    s.update(p32, all_anchors)
+    p8 = s.profile(set())
+    s.update(p8, set())
+    measured.update({"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms})
+    candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
+    fp32_ms = p32.node_total_ms
 
     def speed_floats(slower: set[str], int8_ms: float) -> set[str]:
         """LATENCY: every region measured slower in INT8. BALANCED / ACCURACY (INT8 first: the model really in
@@ -495,7 +526,6 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
 
     float_speed = s.settle(speed_floats(s.slower(), p8.node_total_ms))
 
-    budget = _Budget(s, max_loss, objective)
     budget_float = budget.fill(float_speed, s.forced)
     for _ in range(len(all_anchors)):  # a budget float onnxruntime would re-quantize is no float: choose again
         settled = s.settle(float_speed | budget_float)

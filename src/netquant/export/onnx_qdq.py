@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +16,12 @@ from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
-from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
+from netquant.export.ort_kernels import (
+    int8_kernels_of,
+    ort_optimized_op_types,
+    ort_runtime_qdq,
+    saved_op_types,
+)
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
@@ -25,7 +32,6 @@ from netquant.export.validate import (
     ort_session,
     validation_feeds,
 )
-from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
 
@@ -133,6 +139,7 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
         model = onnx.ModelProto()
         model.CopyFrom(fp32)
     builder = QdqBuilder(qgraph, model)
+    builder.stats.fp32_bytes = fp32.ByteSize()
     model = builder.build()
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
@@ -174,6 +181,7 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
         check_target_arithmetic(qgraph, where)
     model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
     agreement = {}
+    counts: Counter[str] | None = None
     in_engine = qgraph.platform.validation is Validation.ONNXRUNTIME
     ov_check, ov_note = None, ""
     if qgraph.platform.validation is Validation.OPENVINO:
@@ -192,16 +200,20 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
             if qgraph.platform.validation is Validation.OPENVINO and in_engine:
                 ov_check = validate_in_openvino(qgraph, tmp, batches, where, min_cosine, max_error_ratio)
                 agreement = ov_check.agreement
-            else:
-                sess = _ort_session(model, tmp, where, optimized=in_engine)
-                agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
-                                                  max_error_ratio)
+            else:  # the optimized graph onnxruntime saves while loading gives the kernel counts (one session)
+                with tempfile.TemporaryDirectory(prefix="netquant_ort_") as work:
+                    saved = str(Path(work) / "optimized.onnx") if check_kernels and in_engine else None
+                    sess = _ort_session(model, tmp, where, optimized=in_engine, save_optimized=saved)
+                    agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
+                                                      max_error_ratio)
+                    counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)
-    counts = ort_optimized_op_types(target) if check_kernels else None
+    if counts is None and check_kernels:
+        counts = ort_optimized_op_types(target)
     kernels = int8_kernels_of(counts) if counts is not None else None
     return ExportReport(
         path=target, opset=ai_onnx_opset(model), source_opset=source,
-        fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
+        fp32_bytes=builder.stats.fp32_bytes, size_bytes=target.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
         validated=validate, validated_with=("" if not validate else ov_check.engine if ov_check is not None
@@ -223,7 +235,8 @@ ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchw
                "ai.onnx.preview.training", "ai.onnx.training")
 
 
-def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool = True) -> Any:
+def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool = True,
+                 save_optimized: str | None = None) -> Any:
     """ort_session on the temp file, its errors naming the user's path and the ops onnxruntime cannot load."""
     local = {(f.domain, f.name) for f in model.functions}
     custom = [n for g in _graphs(model.graph) for n in g.node
@@ -234,7 +247,7 @@ def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool 
                           f"custom-domain node(s) {names}. Keep them out of the model, or export without "
                           "validation (Python: export(..., validate=False)) for an engine that implements them")
     try:
-        return ort_session(str(tmp), where, optimized)
+        return ort_session(str(tmp), where, optimized, save_optimized)
     except ExportError as exc:
         message = str(exc).replace(str(tmp.resolve()), where).replace(str(tmp), where)
         raise ExportError(message) from exc.__cause__
@@ -249,7 +262,8 @@ def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     return out
 
 
-def _fp32_bytes(qgraph: QuantizedGraph) -> int:
+def _fp32_bytes(qgraph: Any) -> int:
+    """Serialized size of the cleaned-up FP32 model (exporters that build no QDQ model)."""
     from netquant.graph import to_onnx
 
-    return to_onnx(qgraph.graph, check=False).ByteSize()
+    return to_onnx(unwrap(qgraph).graph, check=False).ByteSize()

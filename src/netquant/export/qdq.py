@@ -36,6 +36,7 @@ class QdqStats:
     integer_initializers: int = 0
     quantized_ops: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    fp32_bytes: int = 0  # serialized size of the FP32 model it was built on
 
 
 def _storage(spec: QuantSpec, constant: bool) -> torch.dtype:
