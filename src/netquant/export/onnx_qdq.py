@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from netquant.export.validate import (
     ort_session,
     validation_feeds,
 )
+from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
 
@@ -105,17 +107,31 @@ def validation_label(validation: Validation) -> str:
     return VALIDATION_LABELS.get(validation, validation.value)
 
 
-def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
-                    feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
-    """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
+@dataclass
+class _Fp32Base:
+    """The FP32 model a QDQ export starts from: the cleaned graph as ONNX, upgraded to the export's opset."""
 
-    When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
-    """
+    key: tuple[Any, ...]  # (graph_state, target opset)
+    model: onnx.ModelProto
+    source_opset: int
+    fp32_bytes: int
+    checked: bool  # the upgrade was run against the original on real feeds (or there was none)
+
+
+_FP32_BASES: weakref.WeakKeyDictionary[Any, _Fp32Base] = weakref.WeakKeyDictionary()
+
+
+def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) -> _Fp32Base:
+    """The upgraded FP32 model of qgraph's graph as it is now (memoised per quantized graph and graph state: the
+    placement's candidate builds and the export share one conversion and one upgrade check)."""
     from netquant.graph import to_onnx
     from netquant.graph.save import fill_output_shapes
+    from netquant.passes.calibration import graph_state
 
-    qgraph = unwrap(qmodel)
-    check_deployable(qgraph)
+    key = (graph_state(qgraph.graph), need)
+    base = _FP32_BASES.get(qgraph)
+    if base is not None and base.key == key and (base.checked or feeds is None):
+        return base
     fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
     fill_output_shapes(fp32, qgraph.graph)
     if fp32.ir_version < 4:  # IR 3 lists every initializer among the inputs; IR 4 on needs no such copies
@@ -125,21 +141,36 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
         fp32.graph.input.extend(inputs)
         fp32.ir_version = 4
     source = ai_onnx_opset(fp32)
-    need = required_opset(qgraph)
-    if opset is not None and opset < need:
-        raise ExportError(f"opset {opset} cannot express this model's quantizers (needs >= {need}: per-axis "
-                          "QDQ 13, FP8 19, int16 / per-group 21)")
-    target = max(need, opset or 0, source)
+    target = max(need, source)
     model = fp32
     if target > source:
         model = upgrade_opset(fp32, target)
         if feeds is not None:
             check_same_outputs(fp32, model, feeds, f"upgrading '{qgraph.graph.name}' from opset {source} to {target}")
-    else:
-        model = onnx.ModelProto()
-        model.CopyFrom(fp32)
+    base = _Fp32Base(key, model, source, fp32.ByteSize(), checked=feeds is not None or target == source)
+    _FP32_BASES[qgraph] = base
+    return base
+
+
+def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
+                    feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
+    """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
+
+    When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
+    """
+
+    qgraph = unwrap(qmodel)
+    check_deployable(qgraph)
+    need = required_opset(qgraph)
+    if opset is not None and opset < need:
+        raise ExportError(f"opset {opset} cannot express this model's quantizers (needs >= {need}: per-axis "
+                          "QDQ 13, FP8 19, int16 / per-group 21)")
+    base = _fp32_base(qgraph, max(need, opset or 0), feeds)
+    model = onnx.ModelProto()
+    model.CopyFrom(base.model)
+    source = base.source_opset
     builder = QdqBuilder(qgraph, model)
-    builder.stats.fp32_bytes = fp32.ByteSize()
+    builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
