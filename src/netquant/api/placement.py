@@ -172,9 +172,9 @@ class Placement:
 
 def model_hash(qgraph: QuantizedGraph) -> str:
     """sha256 of the cleaned-up FP32 graph (what placement decisions refer to)."""
-    from netquant.graph import to_onnx
+    from netquant.export.onnx_qdq import fp32_onnx
 
-    return hashlib.sha256(to_onnx(qgraph.graph, check=False).SerializeToString(deterministic=True)).hexdigest()
+    return hashlib.sha256(fp32_onnx(qgraph).SerializeToString(deterministic=True)).hexdigest()
 
 
 def _host() -> dict[str, str]:
@@ -303,11 +303,11 @@ class _Search:
         return current
 
     def profile_fp32(self) -> OrtProfile:
-        from netquant.graph import to_onnx
+        from netquant.export.onnx_qdq import fp32_onnx
 
         t = time.perf_counter()
         self.profiles += 1
-        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds or {}, runs=PROFILE_RUNS,
+        prof = profile_onnx(fp32_onnx(self.qgraph), self.feeds or {}, runs=PROFILE_RUNS,
                             warmup=PROFILE_WARMUP)
         self.profile_s += time.perf_counter() - t
         return prof

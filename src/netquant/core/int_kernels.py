@@ -372,14 +372,19 @@ def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: tor
     block = max(1, _SEARCH_BLOCK_ELEMS // (len(factors) * k))
     for r in range(0, n, block):
         xb, inv = x_nk[r:r + block], inv_rows[:, r:r + block]  # [R, K], [S, R]
+        x0, x1 = xb[:, 0::2], xb[:, 1::2]
+        reach = (x0.abs() + x1.abs()).mul_(inv_max[r:r + block, None])
+        candidate = (reach > lim - 1) & (x0 * x1 > 0)
+        count = int(candidate.sum())
+        if count > candidate.numel() // 4:  # dense (e.g. constant weights): every pair limited, no gather
+            errs[:, r:r + block] = _limited_error(x0, x1, inv[:, :, None], spec, lim).sum(-1)
+            continue
         t = xb.unsqueeze(0) * inv[:, :, None]  # [S, R, K]
         q = round_with_policy_(t.clone(), spec.rounding, sign_source=t).clamp_(qmin, qmax)
         d = t.sub_(q)
         err = d.mul_(d).sum(-1)  # [S, R]
-        x0, x1 = xb[:, 0::2], xb[:, 1::2]
-        reach = (x0.abs() + x1.abs()).mul_(inv_max[r:r + block, None])
-        rows, pairs = ((reach > lim - 1) & (x0 * x1 > 0)).nonzero(as_tuple=True)
-        if rows.numel():
+        if count:
+            rows, pairs = candidate.nonzero(as_tuple=True)
             err.index_add_(1, rows, _limit_correction(x0[rows, pairs], x1[rows, pairs], inv[:, rows], spec, lim))
         errs[:, r:r + block] = err
     errs.mul_(s_rows.double().square())
@@ -388,18 +393,34 @@ def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: tor
     return steps[best, torch.arange(channels)].reshape(scale.shape)
 
 
-def _limit_correction(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec,
-                      lim: float) -> torch.Tensor:
-    """[S, P]: the squared code error of candidate pairs (x0, x1) at each step's 1/s (`inv` [S, P]) with the pair
-    limit applied, less their plain rounding error (0 where the pair stays within the limit)."""
+def _limited_codes(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec, lim: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(t0, t1, q0, q1, n0, n1) of pairs (x0, x1) at 1/s = `inv` (broadcast): t = x / s, q the plain codes, n the
+    codes with the pair limit applied (as limit_pair_sums: v = |t|, m0 = v0 - (v0 + v1 - limit) / 2, a pair over
+    the limit -> sign * (r0, limit - r0), r0 = round(clamp(m0, limit - 127, 127)))."""
     qmin, qmax = float(spec.qmin), float(spec.qmax)
     t0, t1 = x0 * inv, x1 * inv
     q0 = round_with_policy_(t0.clone(), spec.rounding, sign_source=t0).clamp_(qmin, qmax)
     q1 = round_with_policy_(t1.clone(), spec.rounding, sign_source=t1).clamp_(qmin, qmax)
     over = (q0 * q1 > 0) & (q0.abs() + q1.abs() > lim)
-    sign = t0.sign()  # v = |t|, m0 = v0 - (v0 + v1 - limit) / 2, pair -> sign * (r0, limit - r0)
+    sign = t0.sign()
     r0 = (t0 - t1).mul_(sign).add_(lim).div_(2).clamp_(lim - 127, 127).round_()
-    n0, n1 = r0 * sign, (lim - r0) * sign
-    plain = (t0 - q0).square_() + (t1 - q1).square_()
-    limited = (t0 - n0).square_() + (t1 - n1).square_()
-    return torch.where(over, limited - plain, torch.zeros_like(plain))
+    n0 = torch.where(over, r0 * sign, q0)
+    n1 = torch.where(over, r0.neg_().add_(lim).mul_(sign), q1)
+    return t0, t1, q0, q1, n0, n1
+
+
+def _limited_error(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec, lim: float
+                   ) -> torch.Tensor:
+    """Per pair, the squared code error (t0 - n0)^2 + (t1 - n1)^2 with the pair limit applied (_limited_codes)."""
+    t0, t1, _, _, n0, n1 = _limited_codes(x0, x1, inv, spec, lim)
+    return t0.sub_(n0).square_().add_(t1.sub_(n1).square_())
+
+
+def _limit_correction(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec,
+                      lim: float) -> torch.Tensor:
+    """Per pair, the squared code error with the pair limit applied less the plain rounding error (0 where the pair
+    stays within the limit); pairs (x0, x1) [*P], `inv` broadcast to [S, *P]."""
+    t0, t1, q0, q1, n0, n1 = _limited_codes(x0, x1, inv, spec, lim)
+    plain = (t0 - q0).square_().add_((t1 - q1).square_())
+    return t0.sub_(n0).square_().add_(t1.sub_(n1).square_()).sub_(plain)

@@ -31,6 +31,7 @@ from netquant.export.validate import (
     check_target_arithmetic,
     compare_with_executor,
     ort_session,
+    sample_feeds,
     validation_feeds,
 )
 from netquant.passes.quant_graph import QuantizedGraph
@@ -111,8 +112,9 @@ def validation_label(validation: Validation) -> str:
 class _Fp32Base:
     """The FP32 model a QDQ export starts from: the cleaned graph as ONNX, upgraded to the export's opset."""
 
-    key: tuple[Any, ...]  # (graph_state, target opset)
-    model: onnx.ModelProto
+    key: tuple[Any, ...]  # passes.calibration.graph_state of the graph it was made from
+    fp32: onnx.ModelProto  # the cleaned graph as ONNX, at its own opset
+    model: onnx.ModelProto  # fp32 upgraded to the target opset (fp32 itself when no upgrade was needed)
     source_opset: int
     fp32_bytes: int
     checked: bool  # the upgrade was run against the original on real feeds (or there was none)
@@ -128,10 +130,12 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
     from netquant.graph.save import fill_output_shapes
     from netquant.passes.calibration import graph_state
 
-    key = (graph_state(qgraph.graph), need)
+    key = graph_state(qgraph.graph)
     base = _FP32_BASES.get(qgraph)
-    if base is not None and base.key == key and (base.checked or feeds is None):
+    if base is not None and base.key == key and ai_onnx_opset(base.model) >= need and (base.checked or feeds is None):
         return base
+    if feeds is None and qgraph.validation_batches:  # the upgrade is checked on a kept calibration batch
+        feeds = sample_feeds(qgraph, qgraph.validation_batches[0])
     fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
     fill_output_shapes(fp32, qgraph.graph)
     if fp32.ir_version < 4:  # IR 3 lists every initializer among the inputs; IR 4 on needs no such copies
@@ -147,9 +151,14 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
         model = upgrade_opset(fp32, target)
         if feeds is not None:
             check_same_outputs(fp32, model, feeds, f"upgrading '{qgraph.graph.name}' from opset {source} to {target}")
-    base = _Fp32Base(key, model, source, fp32.ByteSize(), checked=feeds is not None or target == source)
+    base = _Fp32Base(key, fp32, model, source, fp32.ByteSize(), checked=feeds is not None or target == source)
     _FP32_BASES[qgraph] = base
     return base
+
+
+def fp32_onnx(qgraph: QuantizedGraph) -> onnx.ModelProto:
+    """The quantized graph's cleaned FP32 graph as ONNX (shared with the QDQ builds; do not modify it)."""
+    return _fp32_base(qgraph, required_opset(qgraph), None).fp32
 
 
 def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
