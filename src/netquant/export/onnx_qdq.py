@@ -31,7 +31,6 @@ from netquant.export.validate import (
     check_target_arithmetic,
     compare_with_executor,
     ort_session,
-    sample_feeds,
     validation_feeds,
 )
 from netquant.passes.quant_graph import QuantizedGraph
@@ -134,8 +133,6 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
     base = _FP32_BASES.get(qgraph)
     if base is not None and base.key == key and ai_onnx_opset(base.model) >= need and (base.checked or feeds is None):
         return base
-    if feeds is None and qgraph.validation_batches:  # the upgrade is checked on a kept calibration batch
-        feeds = sample_feeds(qgraph, qgraph.validation_batches[0])
     fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
     fill_output_shapes(fp32, qgraph.graph)
     if fp32.ir_version < 4:  # IR 3 lists every initializer among the inputs; IR 4 on needs no such copies
@@ -154,6 +151,15 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
     base = _Fp32Base(key, fp32, model, source, fp32.ByteSize(), checked=feeds is not None or target == source)
     _FP32_BASES[qgraph] = base
     return base
+
+
+def check_upgrade(qgraph: QuantizedGraph, feeds: dict[str, Any]) -> None:
+    """ExportError when the opset upgrade of qgraph's FP32 model (if one was made) changes an output on `feeds`."""
+    base = _FP32_BASES.get(qgraph)
+    if base is not None and base.model is not base.fp32 and not base.checked:
+        check_same_outputs(base.fp32, base.model, feeds, f"upgrading '{qgraph.graph.name}' from opset "
+                           f"{base.source_opset} to {ai_onnx_opset(base.model)}")
+        base.checked = True
 
 
 def fp32_onnx(qgraph: QuantizedGraph) -> onnx.ModelProto:
@@ -219,7 +225,9 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
     batches = validation_feeds(qgraph, sample) if validate else []
     if validate:
         check_target_arithmetic(qgraph, where)
-    model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
+    # the opset upgrade is not run against the original here: validation compares the exported model with the
+    # executor anyway, and only when that fails does check_upgrade say whether the converter was the cause
+    model, builder, source = build_qdq_model(qgraph, opset=opset)
     agreement = {}
     counts: Counter[str] | None = None
     in_engine = qgraph.platform.validation is Validation.ONNXRUNTIME
@@ -244,8 +252,12 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
                 with tempfile.TemporaryDirectory(prefix="netquant_ort_") as work:
                     saved = str(Path(work) / "optimized.onnx") if check_kernels and in_engine else None
                     sess = _ort_session(model, tmp, where, optimized=in_engine, save_optimized=saved)
-                    agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
-                                                      max_error_ratio)
+                    try:
+                        agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
+                                                          max_error_ratio)
+                    except ExportError:
+                        check_upgrade(qgraph, batches[0])
+                        raise
                     counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)
     if counts is None and check_kernels:

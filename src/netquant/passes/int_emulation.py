@@ -22,7 +22,6 @@ from netquant.core.int_kernels import (
     conv_pairwise_correction,
     count_overflow_pairs,
     pairwise_correction,
-    quantize_limited,
 )
 from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph import Node
@@ -47,9 +46,9 @@ class KernelSite:
 
 
 def _codes(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
-    params = cfg.effective_params
-    assert params is not None
-    return quantize_limited(x, params.scale, params.zero_point, cfg.root.spec, cfg.effective_pair_limit)
+    from netquant.passes.quant_graph import constant_codes
+
+    return constant_codes(x, cfg)
 
 
 def kernel_sites(qgraph: Any, overflowing_only: bool = False) -> list[KernelSite]:
