@@ -62,7 +62,8 @@ TIME_SHARE = 0.5  # default cap: this share of the quantization time before plac
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
 PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
 PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
-WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model
+WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model ...
+WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 
@@ -489,7 +490,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     if source is not None and objective is not Objective.LATENCY:
         t = time.perf_counter()
         try:
-            src_ms, all8_ms = wall_clock_ms([source, s.build(set())], s.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS)
+            src_ms, all8_ms = wall_clock_ms([source, s.build(set())], s.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS,
+                                            budget_s=WALL_BUDGET_S)
         except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
             placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
         else:
