@@ -58,7 +58,7 @@ MAX_ROUNDS = 3
 DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
 MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
 MIN_TIME_S = 1.0
-TIME_SHARE = 0.5  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+TIME_SHARE = 0.25  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
 PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
 PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
@@ -172,10 +172,21 @@ class Placement:
 
 
 def model_hash(qgraph: QuantizedGraph) -> str:
-    """sha256 of the cleaned-up FP32 graph (what placement decisions refer to)."""
+    """sha256 of the cleaned-up FP32 graph as ONNX (what placement decisions refer to): each initializer's header and
+    raw bytes in order, then the model without initializers."""
     from netquant.export.onnx_qdq import fp32_onnx
+    from netquant.export.opset import copy_fields
 
-    return hashlib.sha256(fp32_onnx(qgraph).SerializeToString(deterministic=True)).hexdigest()
+    model = fp32_onnx(qgraph)
+    digest = hashlib.sha256()
+    for t in model.graph.initializer:  # tensor by tensor (serializing the whole model copies it)
+        digest.update(onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type).SerializeToString())
+        digest.update(t.raw_data if t.raw_data else t.SerializeToString(deterministic=True))
+    skeleton = onnx.ModelProto()  # everything else
+    copy_fields(model, skeleton, skip="graph")
+    copy_fields(model.graph, skeleton.graph, skip="initializer")
+    digest.update(skeleton.SerializeToString(deterministic=True))
+    return digest.hexdigest()
 
 
 def _host() -> dict[str, str]:

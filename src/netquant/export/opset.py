@@ -56,15 +56,15 @@ def _without_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     names = {t.name for t in big}
     listed = {v.name for v in model.graph.input}
     light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(model.graph, light.graph, skip="initializer")
+    copy_fields(model, light, skip="graph")
+    copy_fields(model.graph, light.graph, skip="initializer")
     light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in names)
     light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in big if t.name not in listed)
     return light, big
 
 
-def _copy_fields(src: Any, dst: Any, skip: str) -> None:
+def copy_fields(src: Any, dst: Any, skip: str) -> None:
     """Every set field of protobuf message `src` but `skip` into `dst`."""
     for fd, value in src.ListFields():
         if fd.name == skip:
