@@ -10,6 +10,7 @@ from netquant.graph import Graph
 from netquant.passes.alignment import AlignmentPass
 from netquant.passes.base import PassBase, PassContext
 from netquant.passes.bias import BiasPass
+from netquant.passes.bias_correction import BiasCorrectionPass
 from netquant.passes.build_configs import BuildConfigsPass
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.calibration import CalibrationPass
@@ -31,6 +32,7 @@ def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[Pas
         CalibrationPass(),
         AlignmentPass(),
         BiasPass(),
+        BiasCorrectionPass(),
         *extra,
         DeployabilityCheck(),
     ]

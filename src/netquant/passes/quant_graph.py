@@ -50,6 +50,17 @@ def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
     return fake_quantize(x, scale, zp, cfg.root.spec)
 
 
+@dataclass(frozen=True)
+class BiasCorrection:
+    """One bias rewritten by bias correction (passes.bias_correction): the FP32 value and the shift subtracted."""
+
+    op: str  # the op whose weight quantization the shift corrects
+    consumer: str  # the op reading the bias (the op itself, or the Add after a MatMul)
+    input_index: int
+    original: torch.Tensor
+    delta: torch.Tensor
+
+
 @dataclass
 class CleanupCounts:
     """What graph clean-up did: node counts before / after and each exact simplification's rewrite count."""
@@ -88,6 +99,8 @@ class QuantizedGraph:
         self.calibration: CalibrationCounts = CalibrationCounts()  # calibration pass
         self.aligned_groups: int = 0  # alignment pass: shared-scale groups given one set of params
         self.bias_scale_adjustments: list[BiasScaleAdjustment] = []  # bias pass: weight scales enlarged
+        # bias correction pass: bias tensor -> its FP32 value (the graph holds the corrected one; FP32 runs restore it)
+        self.bias_corrections: dict[str, BiasCorrection] = {}
         self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
 
     # ---- queries ---------------------------------------------------------------------------
@@ -119,6 +132,10 @@ class QuantizedGraph:
         ex = Executor(self.graph, device=device)
         if fake_quant:
             self.attach_fake_quant(ex, accumulation)
+        elif self.bias_corrections:  # the FP32 model: its own biases, not the corrected ones
+            hooks = FakeQuantHooks(self)
+            hooks.plan(on=False)
+            hooks.handles = [ex.add_pre_hook(hooks.pre)]
         return ex
 
     def attach_fake_quant(self, ex: Executor, accumulation: Accumulation = Accumulation.EXACT) -> FakeQuantHooks:
@@ -158,7 +175,11 @@ class FakeQuantHooks:
     def plan(self, on: bool = True) -> None:
         """Which tensors the hooks quantize: those whose configs emit in their current states (on=False: none)."""
         self._in, self._out = {}, {}
+        # FP32 runs (on=False) read the FP32 biases that bias correction replaced in the graph
+        self._restore: dict[str, list[tuple[int, torch.Tensor]]] = {}
         if not on:
+            for bc in self.qgraph.bias_corrections.values():
+                self._restore.setdefault(bc.consumer, []).append((bc.input_index, bc.original))
             return
         for name, oc in self.qgraph.op_configs.items():
             ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
@@ -191,6 +212,11 @@ class FakeQuantHooks:
     def pre(self, node: Node, inputs: list[Any]) -> list[Any] | None:
         plan = self._in.get(node.name)
         out = self._apply(node, inputs, plan, True) if plan else None
+        restore = self._restore.get(node.name)
+        if restore:
+            out = list(inputs)
+            for i, value in restore:
+                out[i] = value.to(inputs[i].device) if isinstance(inputs[i], torch.Tensor) else value
         if self.emulator is not None:
             self.emulator.capture(node, out if out is not None else inputs)
         return out
