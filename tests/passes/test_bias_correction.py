@@ -73,8 +73,10 @@ def test_bias_correction_removes_the_mean_shift(platform):
     np.testing.assert_allclose(fixed.run({"x": x_eval}, fake_quant=False)["y"].numpy(), ref, atol=2e-4, rtol=1e-5)
 
 
-def test_correction_is_the_mean_weight_and_input_error():
-    """delta = E[conv(q(x), W_q) - conv(x, W)] per channel, recomputed here in float64 with torch."""
+@pytest.mark.parametrize("input_error", [False, True])
+def test_correction_is_the_mean_weight_and_input_error(input_error):
+    """delta = E[conv(x, W_q) - conv(x, W)] (input_error: E[conv(q(x), W_q) - conv(x, W)]) per channel,
+    recomputed here in float64 with torch."""
     model = edge_model()
     calib = [inputs(4, seed) for seed in range(3)]
     qm = netquant.quantize_onnx(model, calib, platform="academic_int8", bias_correction=False, quiet=True)
@@ -83,11 +85,11 @@ def test_correction_is_the_mean_weight_and_input_error():
     w = qg.graph.initializers["w"].float()
     w_q = fake_quant(w, oc.inputs[1]).double()
     b0 = qg.graph.initializers["b"].clone()
-    got = correct_biases(qg, [{"x": torch.from_numpy(x)} for x in calib])["b"]
+    got = correct_biases(qg, [{"x": torch.from_numpy(x)} for x in calib], input_error=input_error)["b"]
     expect = torch.zeros(C, dtype=torch.float64)
     for x in calib:
         xt = torch.from_numpy(x)
-        xq = fake_quant(xt, oc.inputs[0]).double()
+        xq = fake_quant(xt, oc.inputs[0]).double() if input_error else xt.double()
         y_q = torch.nn.functional.conv2d(xq, w_q, None, 1, 1, 1, C)
         y = torch.nn.functional.conv2d(xt.double(), w.double(), None, 1, 1, 1, C)
         expect += (y_q - y).mean(dim=(0, 2, 3)) / len(calib)

@@ -94,14 +94,16 @@ def _channel_means(y: torch.Tensor, node: Node) -> torch.Tensor:
 
 
 def correct_biases(qgraph: QuantizedGraph, batches: list[dict[str, torch.Tensor]],
-                   input_error: bool = True) -> dict[str, BiasCorrection]:
+                   input_error: bool = False) -> dict[str, BiasCorrection]:
     """Bias correction (module docstring); returns the biases changed, with their FP32 values.
 
-    delta[c] = E[op(q(x), W_q) - op(x, W)][c] = E[op(q(x) - x, W_q) + op(x, W_q - W)][c]: x the op's input in
-    the FP32 model, q its input quantizer (the root config of the op's activation input). The error each op adds
-    itself is corrected, not what reaches it from upstream (re-measuring inputs in the fake-quantized model
-    corrects upstream errors twice: PP-OCR rec 0% exact lines). Both terms are linear in small operands, so
-    float32 keeps the shift exactly enough (the difference of two large outputs would not).
+    delta[c] = E[op(x, W_q - W)][c] (weight error, Nagel et al.'s bias correction), and with input_error also
+    E[op(q(x) - x, W_q)][c] (the op's own input rounding): x the op's input in the FP32 model, q its input
+    quantizer (the root config of its activation input). The error each op adds itself is corrected, not what
+    reaches it from upstream (re-measuring inputs in the fake-quantized model corrects upstream errors twice:
+    PP-OCR rec 0% exact lines). Both terms are linear in small operands, so float32 keeps the shift (the
+    difference of two large outputs would not). Measured on PP-OCR rec (200 lines, fake-quant): academic_int8
+    per-channel 87.0% -> 97.0% (weight error) / 92.0% (with input error), fp8_e4m3 91.0% -> 85.5% / 89.0%.
     """
     from netquant.graph.executor import Executor
 
