@@ -29,7 +29,7 @@ import numpy as np
 RESULTS = Path(__file__).parent / "results" / "quant_time.md"
 ENCODER_SAMPLES = 128
 OCR_SAMPLES = 128
-LIGHT_SAMPLES = 4  # batch-1 models (fixed batch dim): a few random images, as benchmarks/validation_study.py
+LIGHT_SAMPLES = 32  # batch-1 models (fixed batch dim): random images (the light models ship no data)
 
 
 def _data(name: str) -> tuple[Path, list[dict[str, np.ndarray]], int]:

@@ -55,3 +55,21 @@ def test_pair_limited_scale_fast_path_matches_generic(shape: tuple[int, ...], ki
     fast = ik.pair_limited_scale(w, scale, zp, spec, limit)
     assert torch.equal(fast, generic)
     assert not torch.equal(fast, scale)  # the search moved some scale
+
+
+@pytest.mark.parametrize("kind", [ik.LayoutKind.COLS, ik.LayoutKind.CONV_NHWC])
+def test_pair_limited_scale_dense_blocks_match_generic(kind: ik.LayoutKind) -> None:
+    """Weights whose every pair can exceed the limit (near-constant rows, as in onnx's light models) take the dense
+    block path; the chosen scales still equal the layout-generic search."""
+    gen = torch.Generator().manual_seed(3)
+    shape = (24, 64) if kind is ik.LayoutKind.COLS else (24, 8, 3, 3)
+    w = 0.5 + 0.01 * torch.rand(shape, generator=gen)  # every pair same-signed, |q0| + |q1| ~ 254 at amax / 127
+    scale = w.reshape(shape[0], -1).abs().amax(1) / 127
+    zp = torch.zeros_like(scale, dtype=torch.int32)
+    spec = QuantSpec.int8_per_channel(axis=0)
+    limit = ik.PairSumLimit(ik.WeightLayout(kind))
+    top = (spec.qmax - spec.qmin) / 2 / 64
+    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
+    fast = ik.pair_limited_scale(w, scale, zp, spec, limit)
+    assert torch.equal(fast, ik._pair_limited_scale_any(w, scale, zp, spec, limit, factors))
+    assert ik.count_overflow_pairs(ik.quantize_limited(w, fast, zp, spec, limit), limit.layout) == 0

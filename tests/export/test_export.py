@@ -312,6 +312,21 @@ def test_opset_upgrade_check_catches_a_changed_output() -> None:
         check_same_outputs(model, broken, feeds, "upgrade")
 
 
+def test_export_names_a_broken_opset_upgrade_when_validation_fails(tmp_path: Path) -> None:
+    """The upgrade is checked against the original only when validation fails: then the error says the upgrade
+    changed the output (here the cached upgraded model is sabotaged: its MaxPool averages), and no file is written."""
+    from netquant.export import onnx_qdq
+
+    qm = _quantize(conv_net(opset=11), images(16), "onnxruntime_int8")
+    base = onnx_qdq._fp32_base(qm.qgraph, 13, None)
+    assert base.model is not base.fp32 and not base.checked
+    next(n for n in base.model.graph.node if n.op_type == "MaxPool").op_type = "AveragePool"
+    out = tmp_path / "q.onnx"
+    with pytest.raises(ExportError, match="upgrading .* changed output 'y'"):
+        export_qdq(qm.qgraph, out)
+    assert not out.exists()
+
+
 def test_tensorrt_cache_converts_affine_uint8_params_to_symmetric_amax(tmp_path: Path) -> None:
     qm = _quantize(conv_net(), images(16), "onnxruntime_int8")
     scales = trt_scales(qm.qgraph)

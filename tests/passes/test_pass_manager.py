@@ -122,7 +122,7 @@ def test_user_pass_runs_after_bias_before_the_deployability_check() -> None:
     qm = netquant.quantize_onnx(conv_identity_relu(), batches(), "tflite_int8", quiet=True, passes=[rec])
     assert rec.seen == [(QuantState.PASSIVE, qm.qgraph.calibration.observed_tensors)]
     assert list(qm.qgraph.timings) == [*DEFAULT_NAMES[:-1], "recorder", DEFAULT_NAMES[-1]]
-    assert set(qm.timings) == {*qm.qgraph.timings, "total"}
+    assert set(qm.timings) == {*qm.qgraph.timings, "total", "placement"}  # the accuracy budget ran after the passes
 
 
 def test_typed_facts_replace_the_info_dict() -> None:
@@ -137,7 +137,7 @@ def test_typed_facts_replace_the_info_dict() -> None:
     s = qm.summary()
     assert s["cleanup"] == {"nodes_before": 3, "nodes_after": 2, "simplified": qg.cleanup.simplified}
     assert s["calibration"] == {"observed_tensors": 2, "flat_bounds": qg.calibration.flat_bounds}
-    assert set(s["timings_s"]) == {*DEFAULT_NAMES, "total"}  # counts are not timings
+    assert set(s["timings_s"]) == {*DEFAULT_NAMES, "placement", "total"}  # counts are not timings
 
 
 class Events(ProgressReporter):

@@ -24,6 +24,7 @@ import os
 import re
 import statistics
 import tempfile
+import time
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -103,9 +104,11 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
 
 
 def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
-                  runs: int = 8, threads: int = 1) -> list[float]:
+                  runs: int = 8, threads: int = 1, budget_s: float | None = None) -> list[float]:
     """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
-    interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms)."""
+    interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms).
+    budget_s: fewer runs per round (down to 1) where `rounds` x `runs` of every model would take longer, going by
+    the warm-up runs (a large model's single runs vary less)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -119,8 +122,14 @@ def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndar
         except Exception as exc:
             raise ExportError(f"onnxruntime cannot load the model to time it: {exc}") from exc
     feed = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
-    return interleaved_ms([functools.partial(sess.run, None, feed) for sess in sessions], per_round=runs,
-                          rounds=rounds, warmup=1)
+    calls = [functools.partial(sess.run, None, feed) for sess in sessions]
+    if budget_s is not None:
+        start = time.perf_counter()
+        for call in calls:  # the warm-up runs, timed together
+            call()
+        one_round_s = time.perf_counter() - start
+        runs = max(1, min(runs, int(budget_s / max(rounds * one_round_s, 1e-9))))
+    return interleaved_ms(calls, per_round=runs, rounds=rounds, warmup=0 if budget_s is not None else 1)
 
 
 @dataclass

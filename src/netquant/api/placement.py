@@ -57,10 +57,13 @@ FORMAT = "netquant.placement/1"
 MAX_ROUNDS = 3
 DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
 MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
-MIN_TIME_S = 3.0
-TIME_SHARE = 0.5  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+MIN_TIME_S = 0.5
+TIME_SHARE = 0.25  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
-PROFILE_RUNS = 20
+PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
+PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
+WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model ...
+WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 
@@ -74,6 +77,8 @@ class Reason:
     FILE = "placement file"
     FORCED = "onnxruntime quantizes it anyway when float (Q/DQ both sides)"
     KEPT = "kept int8: the model stays faster than FP32"
+    WHOLE_MODEL = "int8: the all-INT8 model is no slower than the source (per-region times not profiled)"
+    NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
 
 
 @dataclass
@@ -158,7 +163,7 @@ class Placement:
                  ""]
         if self.note:
             lines += [self.note, ""]
-        if "placed_ms" not in self.measured and self.note:
+        if "placed_ms" not in self.measured and "loss_placed" not in self.measured and self.note:
             return "\n".join(lines)  # not measured: no decision table to show
         lines.append("| " + " | ".join(ROW_HEADER) + " |")
         lines.append("|" + "---|" * len(ROW_HEADER))
@@ -167,10 +172,21 @@ class Placement:
 
 
 def model_hash(qgraph: QuantizedGraph) -> str:
-    """sha256 of the cleaned-up FP32 graph (what placement decisions refer to)."""
-    from netquant.graph import to_onnx
+    """sha256 of the cleaned-up FP32 graph as ONNX (what placement decisions refer to): each initializer's header and
+    raw bytes in order, then the model without initializers."""
+    from netquant.export.onnx_qdq import fp32_onnx
+    from netquant.export.opset import copy_fields
 
-    return hashlib.sha256(to_onnx(qgraph.graph, check=False).SerializeToString(deterministic=True)).hexdigest()
+    model = fp32_onnx(qgraph)
+    digest = hashlib.sha256()
+    for t in model.graph.initializer:  # tensor by tensor (serializing the whole model copies it)
+        digest.update(onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type).SerializeToString())
+        digest.update(t.raw_data if t.raw_data else t.SerializeToString(deterministic=True))
+    skeleton = onnx.ModelProto()  # everything else
+    copy_fields(model, skeleton, skip="graph")
+    copy_fields(model.graph, skeleton.graph, skip="initializer")
+    digest.update(skeleton.SerializeToString(deterministic=True))
+    return digest.hexdigest()
 
 
 def _host() -> dict[str, str]:
@@ -200,10 +216,14 @@ def _batch1(batch: dict[str, torch.Tensor], qgraph: QuantizedGraph) -> dict[str,
 
 
 def applies(settings: QuantSettings, qgraph: QuantizedGraph) -> bool:
-    """True when placement can measure this platform (onnxruntime CPU) and an objective or file is set."""
-    if settings.placement_from is not None:
-        return True
-    return settings.objective is not None and qgraph.platform.validation is Validation.ONNXRUNTIME
+    """True when a placement file or an objective is set: onnxruntime CPU platforms are timed and budgeted, every
+    other platform (its engine is not timed here) gets the accuracy budget alone."""
+    return settings.placement_from is not None or settings.objective is not None
+
+
+def timed(qgraph: QuantizedGraph) -> bool:
+    """Whether placement measures speed for this platform (onnxruntime CPU, the engine profiled here)."""
+    return qgraph.platform.validation is Validation.ONNXRUNTIME
 
 
 def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float,
@@ -258,15 +278,23 @@ class _Search:
         self.forced: set[str] = set()
         self.profiles = 0
         self.profile_s = 0.0
+        self.built: dict[frozenset[str], onnx.ModelProto] = {}
 
-    def profile(self, float_set: set[str]) -> OrtProfile:
+    def build(self, float_set: set[str]) -> onnx.ModelProto:
+        """The QDQ export of the quantized graph with `float_set` kept in float (memoised)."""
         from netquant.export.onnx_qdq import build_qdq_model
 
+        key = frozenset(float_set)
+        if key not in self.built:
+            with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
+                self.built[key] = build_qdq_model(self.qgraph)[0]
+        return self.built[key]
+
+    def profile(self, float_set: set[str]) -> OrtProfile:
         t = time.perf_counter()
         self.profiles += 1
-        with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
-            model, _, _ = build_qdq_model(self.qgraph)
-        prof = profile_onnx(model, self.feeds or {}, runs=PROFILE_RUNS)
+        model = self.build(float_set)
+        prof = profile_onnx(model, self.feeds or {}, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
         self.profile_s += time.perf_counter() - t
         return prof
 
@@ -274,15 +302,12 @@ class _Search:
         """`float_set` less the regions onnxruntime would run in INT8 anyway (analysis.profile.ort_requantizes, checked
         on the exported candidate; repeated, since each such region back in INT8 puts Q/DQ next to its neighbours);
         those are added to self.forced."""
-        from netquant.export.onnx_qdq import build_qdq_model
 
         current = set(float_set)
         for _ in range(len(self.by_anchor)):
             if not current:
                 break
-            with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(current)]):
-                model, _, _ = build_qdq_model(self.qgraph)
-            hit = ort_requantizes(model, current)
+            hit = ort_requantizes(self.build(current), current)
             if not hit:
                 break
             self.forced |= hit
@@ -290,11 +315,12 @@ class _Search:
         return current
 
     def profile_fp32(self) -> OrtProfile:
-        from netquant.graph import to_onnx
+        from netquant.export.onnx_qdq import fp32_onnx
 
         t = time.perf_counter()
         self.profiles += 1
-        prof = profile_onnx(to_onnx(self.qgraph.graph, check=False), self.feeds or {}, runs=PROFILE_RUNS)
+        prof = profile_onnx(fp32_onnx(self.qgraph), self.feeds or {}, runs=PROFILE_RUNS,
+                            warmup=PROFILE_WARMUP)
         self.profile_s += time.perf_counter() - t
         return prof
 
@@ -321,9 +347,128 @@ class _Search:
         return {a for a in self.by_anchor if self.t8.get(a, 0.0) > SLOWER_MARGIN * self.t32.get(a, math.inf) + SLOWER_MS}
 
 
+class _Budget:
+    """The accuracy budget of one search: the fake-quant loss of a float set (memoised; 0 without a budget) and the
+    greedy choice of regions to float until it is within max_loss."""
+
+    def __init__(self, s: _Search, max_loss: float | None, objective: Objective) -> None:
+        self.s = s
+        self.max_loss = max_loss
+        self.objective = objective
+        self.loss_of: dict[frozenset[str], float] = {}
+        self.marginal: dict[str, Sensitivity] = {}
+        self.local: dict[str, float] = {}
+        self.meter: LossMeter | None = None
+        if max_loss is not None:
+            qgraph, settings = s.qgraph, s.settings
+            data = (list(settings.eval_data) if settings.eval_data is not None
+                    else [_first(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
+                                                                           or [qgraph.sample_inputs])])
+            self.meter = LossMeter(qgraph, data, settings.metric)
+
+    def loss(self, fl: set[str] | frozenset[str]) -> float:
+        key = frozenset(fl)
+        if self.meter is None:
+            return 0.0
+        if key not in self.loss_of:
+            self.loss_of[key] = self.meter.loss([self.s.by_anchor[a] for a in sorted(fl)])
+        return self.loss_of[key]
+
+    def saved_ms(self, a: str) -> float:
+        """What keeping `a` in float saves in time (0 where not timed)."""
+        return self.s.t32.get(a, 0.0) - self.s.t8.get(a, 0.0)
+
+    def score(self, a: str) -> tuple[float, str]:
+        """Greedy order: the loss floating `a` saves on top of the fixed floats, or where those were not all measured
+        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED where times were measured."""
+        complete = all(se.gain is not None for se in self.marginal.values())
+        se = self.marginal.get(a)
+        gain = (se.gain or 0.0) if complete and se is not None else self.local.get(a, 0.0)
+        if self.objective is Objective.ACCURACY or not self.s.t32:
+            return gain, a
+        return gain / max(self.saved_ms(a), 1e-3), a
+
+    def fill(self, fixed: set[str], exclude: set[str]) -> set[str]:
+        """Regions to float on top of `fixed`, best score first, until the loss is within max_loss."""
+        s, extra = self.s, set()
+        if self.meter is None or self.max_loss is None:
+            return extra
+        while self.loss(fixed | extra) > self.max_loss:
+            left = [a for a in sorted(s.by_anchor) if a not in fixed | extra | exclude]
+            if not left:
+                break
+            if not self.marginal:  # measured once, when the budget first needs it
+                self.local.update(region_output_nsr(self.meter, s.regions))
+                order = sorted((s.by_anchor[a] for a in left), key=lambda r: (-self.saved_ms(r.anchor), r.anchor))
+                self.marginal.update(region_sensitivity(self.meter, order, [s.by_anchor[a] for a in sorted(fixed)],
+                                                        deadline=s.deadline, only=False)[1])
+            extra.add(max(left, key=self.score))
+        return extra
+
+    def report(self, best: frozenset[str], deadline: float) -> dict[str, Sensitivity]:
+        """Each region's sensitivity (vs all INT8) for the report, placed regions first, until `deadline`."""
+        sens: dict[str, Sensitivity] = {}
+        if self.meter is None:
+            return sens
+        everything = set(self.s.by_anchor)
+        for r in sorted(self.s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
+            if time.perf_counter() > deadline:
+                break
+            all_but = self.loss({r.anchor})
+            only = self.loss(everything - {r.anchor}) if time.perf_counter() <= deadline else None
+            sens[r.anchor] = Sensitivity(only, all_but, self.loss(set()) - all_but)
+        return sens
+
+
+def _decisions(s: _Search, best: frozenset[str], sens: dict[str, Sensitivity],
+               reason_of: Any) -> list[RegionDecision]:
+    """One RegionDecision per region: float where in `best`, with reason_of(anchor) and its times / losses."""
+    out = []
+    for r in s.regions:
+        a, se = r.anchor, sens.get(r.anchor)
+        t8, t32 = s.t8.get(a), s.t32.get(a)
+        out.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason_of(a),
+                                  None if t8 is None else round(t8, 4), None if t32 is None else round(t32, 4),
+                                  se.only if se else None, se.all_but if se else None, se.gain if se else None))
+    return out
+
+
+def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float, time_budget_s: float) -> Placement:
+    """Platforms whose engine is not timed here: the regions the accuracy budget needs stay float, the rest INT8."""
+    best = frozenset(budget.fill(set(), set()))
+    sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
+    keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(best)])
+    engine = s.qgraph.platform.validation.value
+    placement.regions = _decisions(s, best, sens, lambda a: Reason.BUDGET if a in best else Reason.NOT_TIMED)
+    placement.measured = {"loss_all_int8": budget.loss_of.get(frozenset()),
+                          "loss_placed": budget.loss(best) if budget.meter is not None else None,
+                          "loss_passes": budget.meter.calls if budget.meter else 0,
+                          "seconds": round(time.perf_counter() - start, 6)}
+    placement.note = (f"speed not measured (the platform's engine, {engine}, is not timed here): the accuracy budget "
+                      "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8"))
+    return placement
+
+
+def _all_int8_unprofiled(s: _Search, budget: _Budget, placement: Placement, measured: dict[str, Any], start: float,
+                         time_budget_s: float) -> Placement:
+    """BALANCED / ACCURACY decided by the whole-model check (all INT8 no slower than the source, within the budget)
+    when the cap leaves no time for per-region profiles: every region INT8, times not profiled."""
+    sens = budget.report(frozenset(), min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
+    placement.regions = _decisions(s, frozenset(), sens, lambda a: Reason.WHOLE_MODEL)
+    measured.update({"speedup_vs_fp32": measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9),
+                     "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": budget.loss_of.get(frozenset()),
+                     "profiles": 0, "profile_s": s.profile_s, "loss_passes": budget.meter.calls if budget.meter else 0,
+                     "seconds": time.perf_counter() - start})
+    placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
+    placement.note = "; ".join(filter(None, [placement.note, "all INT8: no slower than the source model and within "
+                                             "the budget; per-region times not profiled (time cap)"]))
+    return placement
+
+
 def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0,
                      source: onnx.ModelProto | None = None) -> Placement:
-    """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it."""
+    """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it.
+    Platforms other than onnxruntime CPU: the accuracy budget alone (_budget_only)."""
     start = time.perf_counter()
     objective = Objective.parse(settings.objective) if settings.objective is not None else Objective.BALANCED
     max_loss = settings.max_loss if settings.max_loss is not None else DEFAULT_MAX_LOSS[objective]
@@ -336,6 +481,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         placement.regions = [RegionDecision(r.anchor, r.op_type, list(r.ops), "int8", "rules (not measured)")
                              for r in s.regions]
         return placement
+    if not timed(qgraph):
+        return _budget_only(s, _Budget(s, max_loss, objective), placement, start, time_budget_s)
     weights = sum(int(qgraph.graph.initializers[i].numel()) for r in s.regions for op in r.ops
                   for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
     if weights < MIN_WEIGHTS:
@@ -346,28 +493,34 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         return placement
 
     all_anchors = set(s.by_anchor)
-    p32 = s.profile_fp32()
-    s.update(p32, all_anchors)
-    p8 = s.profile(set())
-    s.update(p8, set())
-    measured: dict[str, float] = {"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms}
-    candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
-    fp32_ms = p32.node_total_ms
+    measured: dict[str, float] = {}
+    budget = _Budget(s, max_loss, objective)
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
     int8_first_ok = False
     if source is not None and objective is not Objective.LATENCY:
-        from netquant.export.onnx_qdq import build_qdq_model
-
         t = time.perf_counter()
         try:
-            src_ms, all8_ms = wall_clock_ms([source, build_qdq_model(qgraph)[0]], s.feeds or {})
+            src_ms, all8_ms = wall_clock_ms([source, s.build(set())], s.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS,
+                                            budget_s=WALL_BUDGET_S)
         except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
             placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
         else:
             measured.update({"source_fp32_wall_ms": src_ms, "all_int8_wall_ms": all8_ms})
             int8_first_ok = all8_ms <= src_ms
         s.profile_s += time.perf_counter() - t
+    if int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss) and \
+            time.perf_counter() > start + PROFILE_AFTER_SHARE * time_budget_s:
+        # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
+        # the cap
+        return _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+    p32 = s.profile_fp32()
+    s.update(p32, all_anchors)
+    p8 = s.profile(set())
+    s.update(p8, set())
+    measured.update({"fp32_ms": p32.node_total_ms, "all_int8_ms": p8.node_total_ms})
+    candidates: list[tuple[float, frozenset[str]]] = [(p8.node_total_ms, frozenset())]
+    fp32_ms = p32.node_total_ms
 
     def speed_floats(slower: set[str], int8_ms: float) -> set[str]:
         """LATENCY: every region measured slower in INT8. BALANCED / ACCURACY (INT8 first: the model really in
@@ -386,63 +539,12 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
 
     float_speed = s.settle(speed_floats(s.slower(), p8.node_total_ms))
 
-    # accuracy budget
-    budget_float: set[str] = set()
-    sens: dict[str, Sensitivity] = {}
-    loss_of: dict[frozenset[str], float] = {}
-    meter: LossMeter | None = None
-
-    def loss(fl: set[str]) -> float:
-        """The budget's loss of a float set (memoised; 0 without a budget)."""
-        key = frozenset(fl)
-        if meter is None:
-            return 0.0
-        if key not in loss_of:
-            loss_of[key] = meter.loss([s.by_anchor[a] for a in sorted(fl)])
-        return loss_of[key]
-
-    marginal: dict[str, Sensitivity] = {}
-    local: dict[str, float] = {}
-
-    def score(a: str) -> tuple[float, str]:
-        """Greedy order: the loss floating `a` saves on top of the speed floats, or where those were not all measured
-        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED."""
-        complete = all(se.gain is not None for se in marginal.values())
-        se = marginal.get(a)
-        gain = (se.gain or 0.0) if complete and se is not None else local.get(a, 0.0)
-        if objective is Objective.ACCURACY:
-            return gain, a
-        return gain / max(s.t32.get(a, 0.0) - s.t8.get(a, 0.0), 1e-3), a
-
-    def fill_budget(fixed: set[str], exclude: set[str]) -> set[str]:
-        """Regions to float on top of `fixed`, best score first, until the loss is within max_loss."""
-        extra: set[str] = set()
-        if meter is None or max_loss is None:
-            return extra
-        while loss(fixed | extra) > max_loss:
-            left = [a for a in sorted(s.by_anchor) if a not in fixed | extra | exclude]
-            if not left:
-                break
-            if not marginal:  # measured once, when the budget first needs it
-                local.update(region_output_nsr(meter, s.regions))
-                order = sorted((s.by_anchor[a] for a in left),
-                               key=lambda r: (-(s.t32.get(r.anchor, 0.0) - s.t8.get(r.anchor, 0.0)), r.anchor))
-                marginal.update(region_sensitivity(meter, order, [s.by_anchor[a] for a in sorted(fixed)],
-                                                   deadline=s.deadline, only=False)[1])
-            extra.add(max(left, key=score))
-        return extra
-
-    if max_loss is not None:
-        data = (list(settings.eval_data) if settings.eval_data is not None
-                else [_first(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
-                                                                       or [qgraph.sample_inputs])])
-        meter = LossMeter(qgraph, data, settings.metric)
-    budget_float = fill_budget(float_speed, s.forced)
+    budget_float = budget.fill(float_speed, s.forced)
     for _ in range(len(all_anchors)):  # a budget float onnxruntime would re-quantize is no float: choose again
         settled = s.settle(float_speed | budget_float)
         if settled == float_speed | budget_float:
             break
-        budget_float = (settled - float_speed) | fill_budget(settled, s.forced)
+        budget_float = (settled - float_speed) | budget.fill(settled, s.forced)
     # iterate on the candidate
     current = float_speed | budget_float
     seen = {frozenset()}
@@ -456,7 +558,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         if not forced:  # a candidate onnxruntime re-quantized is not the model we would ship
             candidates.append((prof.node_total_ms, frozenset(current)))
         speed = s.settle(speed_floats(s.slower() - s.forced, p8.node_total_ms))
-        budget_float = (budget_float - s.forced) | fill_budget(speed | (budget_float - s.forced), s.forced)
+        budget_float = (budget_float - s.forced) | budget.fill(speed | (budget_float - s.forced), s.forced)
         current = s.settle(speed | budget_float)
         budget_float &= current
     if current == all_anchors and frozenset(current) not in seen:
@@ -466,7 +568,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         estimate = p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current)
         candidates.append((estimate, frozenset(current)))
         measured["placed_ms_estimated"] = 1
-    ok = [(t, fl) for t, fl in candidates if max_loss is None or loss(set(fl)) <= max_loss]
+    ok = [(t, fl) for t, fl in candidates if max_loss is None or budget.loss(fl) <= max_loss]
     if not ok:  # the budget's candidate was not profiled (time cap): its time is the sum of its regions' times
         current = s.settle(current)
         ok = [(p8.node_total_ms + sum(s.t32.get(a, 0.0) - s.t8.get(a, 0.0) for a in current), frozenset(current))]
@@ -476,33 +578,26 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     else:  # INT8 first: the candidate with the fewest float regions among those no slower than FP32
         fast = ok if int8_first_ok else [c for c in ok if c[0] <= fp32_ms] or ok
         best_t, best = min(fast, key=lambda c: (len(c[1]), round(c[0], 6), sorted(c[1])))
-    final_loss = loss(set(best)) if meter is not None else None
-    if meter is not None:  # the report's sensitivities (vs all INT8), within REPORT_SHARE of the cap
-        report_deadline = min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s)
-        for r in sorted(s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
-            if time.perf_counter() > report_deadline:
-                break
-            all_but = loss({r.anchor})
-            sens[r.anchor] = Sensitivity(loss(all_anchors - {r.anchor}), all_but, loss(set()) - all_but)
+    final_loss = budget.loss(best) if budget.meter is not None else None
+    sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
     keep_float(qgraph, [s.by_anchor[a] for a in sorted(best)])
-    for r in s.regions:
-        a = r.anchor
+    slower = s.slower()
+
+    def reason_of(a: str) -> str:
         if a in best:
-            reason = Reason.BUDGET if a in budget_float else Reason.SLOWER
-        elif a in s.forced:
-            reason = Reason.FORCED
-        else:
-            reason = Reason.FASTER if a not in s.slower() else (
-                "fastest measured candidate" if objective is Objective.LATENCY else Reason.KEPT)
-        se = sens.get(a)
-        placement.regions.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason,
-                                                round(s.t8.get(a, 0.0), 4), round(s.t32.get(a, 0.0), 4),
-                                                se.only if se else None, se.all_but if se else None,
-                                                se.gain if se else None))
+            return Reason.BUDGET if a in budget_float else Reason.SLOWER
+        if a in s.forced:
+            return Reason.FORCED
+        if a not in slower:
+            return Reason.FASTER
+        return "fastest measured candidate" if objective is Objective.LATENCY else Reason.KEPT
+
+    placement.regions = _decisions(s, best, sens, reason_of)
     measured.update({"placed_ms": best_t, "speedup_vs_fp32": p32.node_total_ms / best_t if best_t else 0.0,
                      "other_fp32_ms": region_times(p32, s.nmap, s.region_of, set()).get(OTHER, 0.0),
-                     "loss_all_int8": loss_of.get(frozenset()), "loss_placed": final_loss,
-                     "profiles": s.profiles, "profile_s": s.profile_s, "loss_passes": meter.calls if meter else 0,
+                     "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": final_loss,
+                     "profiles": s.profiles, "profile_s": s.profile_s,
+                     "loss_passes": budget.meter.calls if budget.meter else 0,
                      "rounds": rounds, "seconds": time.perf_counter() - start})
     if int8_first_ok and not best:  # the shipped file is the all-INT8 one timed against the source: that ratio
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)

@@ -20,6 +20,7 @@ from netquant.passes.base import PassBase
 from netquant.passes.ptq import run_ptq
 from netquant.passes.settings import QuantSettings
 from netquant.platforms import Platform
+from netquant.platforms.platform import Validation
 
 DEFAULT_PLATFORM = "onnxruntime_int8"
 
@@ -95,7 +96,8 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
-    source_model = to_onnx(graph, check=False) if s.objective is not None and s.placement_from is None else None
+    timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
+    source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
     from netquant.api.placement import place

@@ -35,6 +35,17 @@ def extend_range(min_val: torch.Tensor | None, max_val: torch.Tensor | None, lo:
         return lo.clone(), hi.clone()
     return torch.minimum(min_val, lo), torch.maximum(max_val, hi)
 
+
+def dense_flat(x: torch.Tensor) -> torch.Tensor:
+    """x's elements as a contiguous 1-D view (no copy) when x is dense in some order of its dims (channels-last
+    conv outputs), else x itself. Whole-tensor reductions on the view take the fast contiguous path (aminmax on a
+    channels-last [1, 64, 111, 111] is 30x slower than on its flat view); only the order of elements differs."""
+    if x.is_contiguous():
+        return x.view(-1)
+    order = sorted(range(x.dim()), key=lambda d: (-x.stride(d), d))
+    permuted = x.permute(order)
+    return permuted.view(-1) if permuted.is_contiguous() else x
+
 @dataclass
 class Batch:
     """One observed batch in (C, N) layout with its per-channel finite extrema.
@@ -201,7 +212,7 @@ class Observer(ABC):
         if spec.granularity is Granularity.PER_TENSOR:
             self._param_shape = ()
             key: tuple[int, ...] = (1,)
-            view = x.reshape(1, -1)
+            view = dense_flat(x).reshape(1, -1)
         else:
             axis = spec.axis if spec.axis is not None else 0
             if not -x.dim() <= axis < x.dim():
@@ -247,7 +258,7 @@ class Observer(ABC):
             x = x.float()
         if self.spec.granularity is Granularity.PER_TENSOR and not self.reads_values:
             # extrema only: no (1, N) copy of a non-contiguous activation; Batch.values is x itself then
-            lo, hi = torch.aminmax(x)
+            lo, hi = torch.aminmax(dense_flat(x))
             if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
                 self._param_shape, self._shape_key = (), (1,)
                 self.num_batches += 1

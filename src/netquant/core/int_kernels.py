@@ -344,50 +344,83 @@ _SEARCH_BLOCK_ELEMS = 1 << 18  # steps x rows x K evaluated at once: cache-sized
 
 def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                            limit: PairSumLimit, factors: torch.Tensor) -> torch.Tensor:
-    """pair_limited_scale in the kernel's [N, K] order, float32, a block of rows at a time with every step at once,
-    the pairs' first and second elements in two contiguous halves:
+    """pair_limited_scale in the kernel's [N, K] order, float32, a block of rows at a time with every step at once:
 
         t = x * (1/s)  (as core.ops.quantize),  q = clamp(round(t), qmin, qmax),
         same-sign pairs with |q0| + |q1| > limit moved to |q0| + |q1| = limit (as limit_pair_sums),
-        err(step, channel) = sum over the channel's rows of s^2 * sum_k (t_k - q_k)^2;
+        err(step, channel) = sum over the channel's rows of s^2 * sum_k (t_k - q_k)^2.
 
-    per channel the first step of least error wins. Symmetric weights only (zero point 0): others take the
-    layout-generic search."""
+    The plain rounding error is summed over every element; only the candidate pairs, those whose |t0| + |t1| at
+    the smallest scale exceeds limit - 1 (no other pair can round over the limit at any step), are gathered once
+    per block and corrected for the limit. Per channel the first step of least error wins. Symmetric weights only
+    (zero point 0): others take the layout-generic search."""
     if bool(zero_point.any()):
         return _pair_limited_scale_any(x, scale, zero_point, spec, limit, factors)
     x_nk = limit.layout.to_nk(x).to(torch.float32)
     if x_nk.shape[1] % 2:
         x_nk = F.pad(x_nk, (0, 1))  # the pad's code is 0: its pair never exceeds the limit, its error is 0
-    halves = x_nk[:, 0::2].contiguous(), x_nk[:, 1::2].contiguous()
+    x_nk = x_nk.contiguous()
     n, k = x_nk.shape
     channels = scale.numel()
     row_channel = torch.arange(n) % channels  # rows are (leading..., channel) or one per channel
     steps = torch.stack([(scale.double() * f).to(scale.dtype).reshape(-1) for f in factors])  # [S, C]
     s_rows = steps.to(torch.float32)[:, row_channel]  # [S, N]
     inv_rows = torch.reciprocal(s_rows)
+    inv_max = inv_rows.amax(0)  # the smallest scale of each row: its largest |t|
     errs = torch.empty((len(factors), n), dtype=torch.float64)
     qmin, qmax, lim = float(spec.qmin), float(spec.qmax), float(limit.limit)
-    simple_over = lim >= max(-qmin, qmax)  # then opposite signs or a 0 never exceed: over <=> |q0 + q1| > limit
     block = max(1, _SEARCH_BLOCK_ELEMS // (len(factors) * k))
     for r in range(0, n, block):
-        inv = inv_rows[:, r:r + block, None]
-        t0, t1 = (h[r:r + block].unsqueeze(0) * inv for h in halves)  # [S, R, K/2] each
-        q0 = round_with_policy_(t0.clone(), spec.rounding, sign_source=t0).clamp_(qmin, qmax)
-        q1 = round_with_policy_(t1.clone(), spec.rounding, sign_source=t1).clamp_(qmin, qmax)
-        if simple_over:
-            over = torch.add(q0, q1).abs_().gt_(lim)
-        else:
-            over = (q0 * q1 > 0) & (q0.abs() + q1.abs() > lim)
-        idx = over.view(-1).nonzero().squeeze(1)
-        if idx.numel():  # v = |t|, m0 = v0 - (v0 + v1 - limit) / 2, pair -> sign * (r0, limit - r0)
-            a0, a1 = t0.view(-1).index_select(0, idx), t1.view(-1).index_select(0, idx)
-            sign = a0.sign()
-            r0 = (a0 - a1).mul_(sign).add_(lim).div_(2).clamp_(lim - 127, 127).round_()
-            q0.view(-1).index_copy_(0, idx, r0 * sign)
-            q1.view(-1).index_copy_(0, idx, r0.neg_().add_(lim).mul_(sign))
-        d0, d1 = t0.sub_(q0), t1.sub_(q1)
-        errs[:, r:r + block] = d0.mul_(d0).sum(-1).add_(d1.mul_(d1).sum(-1))
+        xb, inv = x_nk[r:r + block], inv_rows[:, r:r + block]  # [R, K], [S, R]
+        x0, x1 = xb[:, 0::2], xb[:, 1::2]
+        reach = (x0.abs() + x1.abs()).mul_(inv_max[r:r + block, None])
+        candidate = (reach > lim - 1) & (x0 * x1 > 0)
+        count = int(candidate.sum())
+        if count > candidate.numel() // 4:  # dense (e.g. constant weights): every pair limited, no gather
+            errs[:, r:r + block] = _limited_error(x0, x1, inv[:, :, None], spec, lim).sum(-1)
+            continue
+        t = xb.unsqueeze(0) * inv[:, :, None]  # [S, R, K]
+        q = round_with_policy_(t.clone(), spec.rounding, sign_source=t).clamp_(qmin, qmax)
+        d = t.sub_(q)
+        err = d.mul_(d).sum(-1)  # [S, R]
+        if count:
+            rows, pairs = candidate.nonzero(as_tuple=True)
+            err.index_add_(1, rows, _limit_correction(x0[rows, pairs], x1[rows, pairs], inv[:, rows], spec, lim))
+        errs[:, r:r + block] = err
     errs.mul_(s_rows.double().square())
     per_channel = errs.reshape(len(factors), -1, channels).sum(1)  # [S, C]
     best = per_channel.argmin(0)  # the first minimum: ties keep the smaller scale
     return steps[best, torch.arange(channels)].reshape(scale.shape)
+
+
+def _limited_codes(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec, lim: float
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(t0, t1, q0, q1, n0, n1) of pairs (x0, x1) at 1/s = `inv` (broadcast): t = x / s, q the plain codes, n the
+    codes with the pair limit applied (as limit_pair_sums: v = |t|, m0 = v0 - (v0 + v1 - limit) / 2, a pair over
+    the limit -> sign * (r0, limit - r0), r0 = round(clamp(m0, limit - 127, 127)))."""
+    qmin, qmax = float(spec.qmin), float(spec.qmax)
+    t0, t1 = x0 * inv, x1 * inv
+    q0 = round_with_policy_(t0.clone(), spec.rounding, sign_source=t0).clamp_(qmin, qmax)
+    q1 = round_with_policy_(t1.clone(), spec.rounding, sign_source=t1).clamp_(qmin, qmax)
+    over = (q0 * q1 > 0) & (q0.abs() + q1.abs() > lim)
+    sign = t0.sign()
+    r0 = (t0 - t1).mul_(sign).add_(lim).div_(2).clamp_(lim - 127, 127).round_()
+    n0 = torch.where(over, r0 * sign, q0)
+    n1 = torch.where(over, r0.neg_().add_(lim).mul_(sign), q1)
+    return t0, t1, q0, q1, n0, n1
+
+
+def _limited_error(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec, lim: float
+                   ) -> torch.Tensor:
+    """Per pair, the squared code error (t0 - n0)^2 + (t1 - n1)^2 with the pair limit applied (_limited_codes)."""
+    t0, t1, _, _, n0, n1 = _limited_codes(x0, x1, inv, spec, lim)
+    return t0.sub_(n0).square_().add_(t1.sub_(n1).square_())
+
+
+def _limit_correction(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec,
+                      lim: float) -> torch.Tensor:
+    """Per pair, the squared code error with the pair limit applied less the plain rounding error (0 where the pair
+    stays within the limit); pairs (x0, x1) [*P], `inv` broadcast to [S, *P]."""
+    t0, t1, q0, q1, n0, n1 = _limited_codes(x0, x1, inv, spec, lim)
+    plain = (t0 - q0).square_().add_((t1 - q1).square_())
+    return t0.sub_(n0).square_().add_(t1.sub_(n1).square_()).sub_(plain)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import time
+import weakref
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +17,12 @@ from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
-from netquant.export.ort_kernels import int8_kernels_of, ort_optimized_op_types, ort_runtime_qdq
+from netquant.export.ort_kernels import (
+    int8_kernels_of,
+    ort_optimized_op_types,
+    ort_runtime_qdq,
+    saved_op_types,
+)
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
@@ -99,17 +107,32 @@ def validation_label(validation: Validation) -> str:
     return VALIDATION_LABELS.get(validation, validation.value)
 
 
-def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
-                    feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
-    """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
+@dataclass
+class _Fp32Base:
+    """The FP32 model a QDQ export starts from: the cleaned graph as ONNX, upgraded to the export's opset."""
 
-    When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
-    """
+    key: tuple[Any, ...]  # passes.calibration.graph_state of the graph it was made from
+    fp32: onnx.ModelProto  # the cleaned graph as ONNX, at its own opset
+    model: onnx.ModelProto  # fp32 upgraded to the target opset (fp32 itself when no upgrade was needed)
+    source_opset: int
+    fp32_bytes: int
+    checked: bool  # the upgrade was run against the original on real feeds (or there was none)
+
+
+_FP32_BASES: weakref.WeakKeyDictionary[Any, _Fp32Base] = weakref.WeakKeyDictionary()
+
+
+def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) -> _Fp32Base:
+    """The upgraded FP32 model of qgraph's graph as it is now (memoised per quantized graph and graph state: the
+    placement's candidate builds and the export share one conversion and one upgrade check)."""
     from netquant.graph import to_onnx
     from netquant.graph.save import fill_output_shapes
+    from netquant.passes.calibration import graph_state
 
-    qgraph = unwrap(qmodel)
-    check_deployable(qgraph)
+    key = graph_state(qgraph.graph)
+    base = _FP32_BASES.get(qgraph)
+    if base is not None and base.key == key and ai_onnx_opset(base.model) >= need and (base.checked or feeds is None):
+        return base
     fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
     fill_output_shapes(fp32, qgraph.graph)
     if fp32.ir_version < 4:  # IR 3 lists every initializer among the inputs; IR 4 on needs no such copies
@@ -119,20 +142,50 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
         fp32.graph.input.extend(inputs)
         fp32.ir_version = 4
     source = ai_onnx_opset(fp32)
-    need = required_opset(qgraph)
-    if opset is not None and opset < need:
-        raise ExportError(f"opset {opset} cannot express this model's quantizers (needs >= {need}: per-axis "
-                          "QDQ 13, FP8 19, int16 / per-group 21)")
-    target = max(need, opset or 0, source)
+    target = max(need, source)
     model = fp32
     if target > source:
         model = upgrade_opset(fp32, target)
         if feeds is not None:
             check_same_outputs(fp32, model, feeds, f"upgrading '{qgraph.graph.name}' from opset {source} to {target}")
-    else:
-        model = onnx.ModelProto()
-        model.CopyFrom(fp32)
+    base = _Fp32Base(key, fp32, model, source, fp32.ByteSize(), checked=feeds is not None or target == source)
+    _FP32_BASES[qgraph] = base
+    return base
+
+
+def check_upgrade(qgraph: QuantizedGraph, feeds: dict[str, Any]) -> None:
+    """ExportError when the opset upgrade of qgraph's FP32 model (if one was made) changes an output on `feeds`."""
+    base = _FP32_BASES.get(qgraph)
+    if base is not None and base.model is not base.fp32 and not base.checked:
+        check_same_outputs(base.fp32, base.model, feeds, f"upgrading '{qgraph.graph.name}' from opset "
+                           f"{base.source_opset} to {ai_onnx_opset(base.model)}")
+        base.checked = True
+
+
+def fp32_onnx(qgraph: QuantizedGraph) -> onnx.ModelProto:
+    """The quantized graph's cleaned FP32 graph as ONNX (shared with the QDQ builds; do not modify it)."""
+    return _fp32_base(qgraph, required_opset(qgraph), None).fp32
+
+
+def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
+                    feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
+    """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
+
+    When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
+    """
+
+    qgraph = unwrap(qmodel)
+    check_deployable(qgraph)
+    need = required_opset(qgraph)
+    if opset is not None and opset < need:
+        raise ExportError(f"opset {opset} cannot express this model's quantizers (needs >= {need}: per-axis "
+                          "QDQ 13, FP8 19, int16 / per-group 21)")
+    base = _fp32_base(qgraph, max(need, opset or 0), feeds)
+    model = onnx.ModelProto()
+    model.CopyFrom(base.model)
+    source = base.source_opset
     builder = QdqBuilder(qgraph, model)
+    builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
@@ -172,8 +225,11 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
     batches = validation_feeds(qgraph, sample) if validate else []
     if validate:
         check_target_arithmetic(qgraph, where)
-    model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
+    # the opset upgrade is not run against the original here: validation compares the exported model with the
+    # executor anyway, and only when that fails does check_upgrade say whether the converter was the cause
+    model, builder, source = build_qdq_model(qgraph, opset=opset)
     agreement = {}
+    counts: Counter[str] | None = None
     in_engine = qgraph.platform.validation is Validation.ONNXRUNTIME
     ov_check, ov_note = None, ""
     if qgraph.platform.validation is Validation.OPENVINO:
@@ -192,16 +248,24 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
             if qgraph.platform.validation is Validation.OPENVINO and in_engine:
                 ov_check = validate_in_openvino(qgraph, tmp, batches, where, min_cosine, max_error_ratio)
                 agreement = ov_check.agreement
-            else:
-                sess = _ort_session(model, tmp, where, optimized=in_engine)
-                agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
-                                                  max_error_ratio)
+            else:  # the optimized graph onnxruntime saves while loading gives the kernel counts (one session)
+                with tempfile.TemporaryDirectory(prefix="netquant_ort_") as work:
+                    saved = str(Path(work) / "optimized.onnx") if check_kernels and in_engine else None
+                    sess = _ort_session(model, tmp, where, optimized=in_engine, save_optimized=saved)
+                    try:
+                        agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
+                                                          max_error_ratio)
+                    except ExportError:
+                        check_upgrade(qgraph, batches[0])
+                        raise
+                    counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)
-    counts = ort_optimized_op_types(target) if check_kernels else None
+    if counts is None and check_kernels:
+        counts = ort_optimized_op_types(target)
     kernels = int8_kernels_of(counts) if counts is not None else None
     return ExportReport(
         path=target, opset=ai_onnx_opset(model), source_opset=source,
-        fp32_bytes=_fp32_bytes(qgraph), size_bytes=target.stat().st_size,
+        fp32_bytes=builder.stats.fp32_bytes, size_bytes=target.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,
         validated=validate, validated_with=("" if not validate else ov_check.engine if ov_check is not None
@@ -223,7 +287,8 @@ ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchw
                "ai.onnx.preview.training", "ai.onnx.training")
 
 
-def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool = True) -> Any:
+def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool = True,
+                 save_optimized: str | None = None) -> Any:
     """ort_session on the temp file, its errors naming the user's path and the ops onnxruntime cannot load."""
     local = {(f.domain, f.name) for f in model.functions}
     custom = [n for g in _graphs(model.graph) for n in g.node
@@ -234,7 +299,7 @@ def _ort_session(model: onnx.ModelProto, tmp: Path, where: str, optimized: bool 
                           f"custom-domain node(s) {names}. Keep them out of the model, or export without "
                           "validation (Python: export(..., validate=False)) for an engine that implements them")
     try:
-        return ort_session(str(tmp), where, optimized)
+        return ort_session(str(tmp), where, optimized, save_optimized)
     except ExportError as exc:
         message = str(exc).replace(str(tmp.resolve()), where).replace(str(tmp), where)
         raise ExportError(message) from exc.__cause__
@@ -249,7 +314,8 @@ def _graphs(graph: onnx.GraphProto) -> list[onnx.GraphProto]:
     return out
 
 
-def _fp32_bytes(qgraph: QuantizedGraph) -> int:
+def _fp32_bytes(qgraph: Any) -> int:
+    """Serialized size of the cleaned-up FP32 model (exporters that build no QDQ model)."""
     from netquant.graph import to_onnx
 
-    return to_onnx(qgraph.graph, check=False).ByteSize()
+    return to_onnx(unwrap(qgraph).graph, check=False).ByteSize()

@@ -280,7 +280,7 @@ def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str 
     import time
 
     from netquant.atomic import new_hidden_file
-    from netquant.export.onnx_qdq import ExportReport, _fp32_bytes, build_qdq_model
+    from netquant.export.onnx_qdq import ExportReport, build_qdq_model
     from netquant.export.opset import ai_onnx_opset
     from netquant.export.slots import unwrap
     from netquant.export.validate import check_model, check_target_arithmetic, validation_feeds
@@ -338,7 +338,7 @@ def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str 
             raise
         raise ExportError(f"writing OpenVINO IR '{xml}' failed, no file written: {type(exc).__name__}: {exc}") from exc
     return ExportReport(
-        path=xml, opset=ai_onnx_opset(model), source_opset=source, fp32_bytes=_fp32_bytes(qgraph),
+        path=xml, opset=ai_onnx_opset(model), source_opset=source, fp32_bytes=builder.stats.fp32_bytes,
         size_bytes=xml.stat().st_size + weights.stat().st_size,
         quantize_nodes=builder.stats.quantize_nodes, dequantize_nodes=builder.stats.dequantize_nodes,
         integer_initializers=builder.stats.integer_initializers, quantized_ops=builder.stats.quantized_ops,

@@ -43,7 +43,12 @@ def ort_optimized_op_types(path: str | os.PathLike[str], level: str = "all") -> 
             ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         except Exception as exc:
             raise ExportError(f"onnxruntime cannot load '{path}': {exc}") from exc
-        model = onnx.load(str(out), load_external_data=False)
+        return saved_op_types(out)
+
+
+def saved_op_types(path: str | os.PathLike[str]) -> Counter[str]:
+    """Op-type counts of an optimized graph onnxruntime saved (SessionOptions.optimized_model_filepath)."""
+    model = onnx.load(str(path), load_external_data=False)
     return Counter(n.op_type for n in model.graph.node)
 
 

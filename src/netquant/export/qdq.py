@@ -24,7 +24,7 @@ from netquant.core.tensor_config import TensorQuantConfig
 from netquant.errors import ExportError
 from netquant.export.slots import Slot, emits, iter_slots, params_of, root
 from netquant.graph.dtypes import TORCH_TO_ONNX
-from netquant.passes.quant_graph import QuantizedGraph
+from netquant.passes.quant_graph import QuantizedGraph, constant_codes
 
 
 @dataclass
@@ -36,6 +36,7 @@ class QdqStats:
     integer_initializers: int = 0
     quantized_ops: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    fp32_bytes: int = 0  # serialized size of the FP32 model it was built on
 
 
 def _storage(spec: QuantSpec, constant: bool) -> torch.dtype:
@@ -186,7 +187,11 @@ class QdqBuilder:
             if x.dim() == 0 or scale.numel() != x.shape[axis]:
                 raise ExportError(f"per-channel scale of '{name}' has {scale.numel()} values but the tensor has "
                                   f"shape {tuple(x.shape)} (axis {spec.axis})")
-        q = quantize_limited(x, scale, zp, spec, cfg.effective_pair_limit)
+        weight = self.qgraph.graph.initializers.get(name)
+        if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.shape == x.shape:
+            q = constant_codes(weight, cfg)  # the graph's own tensor: shared with the executors and earlier exports
+        else:
+            q = quantize_limited(x, scale, zp, spec, cfg.effective_pair_limit)
         q = q.to(dtype) if not spec.is_float else q
         base = name.replace("/", "_")
         qname = self.add_init(f"{base}_quantized", q, TORCH_TO_ONNX[dtype])

@@ -87,12 +87,15 @@ def check_model(model: onnx.ModelProto, where: str) -> None:
         raise ExportError(f"exported model for '{where}' fails onnx.checker: {exc}") from exc
 
 
-def ort_session(path_or_bytes: Any, where: str, optimized: bool = True) -> Any:
-    """An onnxruntime CPU session; optimized=False runs Q/DQ as defined (no fused int8 kernels)."""
+def ort_session(path_or_bytes: Any, where: str, optimized: bool = True, save_optimized: str | None = None) -> Any:
+    """An onnxruntime CPU session; optimized=False runs Q/DQ as defined (no fused int8 kernels); save_optimized: a
+    path where onnxruntime writes the graph it runs (SessionOptions.optimized_model_filepath)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.log_severity_level = 3
+    if save_optimized is not None:
+        so.optimized_model_filepath = save_optimized
     if not optimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
@@ -217,7 +220,7 @@ def likely_cause(qgraph: QuantizedGraph, accumulation: Accumulation) -> str:
     """What most often makes onnxruntime disagree, given the graph and this machine's int8 arithmetic."""
     from netquant.passes.int_emulation import kernel_sites
 
-    risky = [s for s in kernel_sites(qgraph) if s.overflow_pairs]
+    risky = kernel_sites(qgraph, overflowing_only=True)
     if risky and accumulation is Accumulation.PAIRWISE_INT16:
         return (f"Likely cause: {len(risky)} op(s) (e.g. {risky[0].node.op_type} '{risky[0].node.name}') have int8 "
                 "weight pairs whose products overflow the int16 pair sums of this CPU's int8 kernels (x86 without "
@@ -237,7 +240,7 @@ def check_target_arithmetic(qgraph: QuantizedGraph, where: str) -> None:
     target = qgraph.platform.cpu_target
     if target is None or not needs_saturation_free_weights(target):
         return
-    risky = [s for s in kernel_sites(qgraph) if s.overflow_pairs]
+    risky = kernel_sites(qgraph, overflowing_only=True)
     if risky:
         names = ", ".join(f"{s.node.op_type} '{s.node.name}' ({s.overflow_pairs} pairs)" for s in risky[:5])
         more = f" and {len(risky) - 5} more" if len(risky) > 5 else ""

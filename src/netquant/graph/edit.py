@@ -23,10 +23,18 @@ def _readers(graph: Graph, value: str) -> list[Node]:
 
 
 def _drop_unread_initializers(graph: Graph, names: set[str]) -> None:
-    for name in names:
-        if name in graph.initializers and not graph.consumers(name) and not graph.is_graph_output(name):
-            del graph.initializers[name]
-            graph.initializer_types.pop(name, None)
+    """Drop the initializers among `names` that no node (or subgraph) reads and no graph output is."""
+    names = {n for n in names if n in graph.initializers and not graph.is_graph_output(n)}
+    if not names:
+        return
+    read = set()
+    for node in graph.nodes:  # one pass over the graph, not one per name
+        read.update(node.inputs)
+        for sub in node.subgraphs():
+            read.update(sub.free_values())
+    for name in names - read:
+        del graph.initializers[name]
+        graph.initializer_types.pop(name, None)
 
 
 # ---------------------------------------------------------------------------- Constant -> initializer

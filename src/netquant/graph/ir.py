@@ -36,9 +36,10 @@ class Value:
         return v
 
 
-@dataclass
+@dataclass(eq=False)
 class Node:
-    """One op. `inputs` / `outputs` are value names ('' marks an omitted optional input)."""
+    """One op. `inputs` / `outputs` are value names ('' marks an omitted optional input). Nodes compare (and hash)
+    by identity: list.remove / `in` on a graph's nodes find that very node, in O(1) per comparison."""
 
     name: str
     op_type: str

@@ -28,6 +28,12 @@ from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
 
 
+def _samples(batch: Any) -> int:
+    """Samples in a calibration batch: the leading dim of its first tensor (1 when it has none)."""
+    first = next(iter(batch.values()), None) if isinstance(batch, dict) else None
+    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
+
+
 def graph_state(graph: Graph) -> tuple[Any, ...]:
     """What FP32 outputs depend on: every node (identity, op, wiring, attributes' identity) and initializer
     (identity and torch's in-place version counter); equal states -> the executor computes the same outputs."""
@@ -40,7 +46,8 @@ def _needs_params(cfg: TensorQuantConfig | None) -> bool:
     return cfg is not None and cfg.state is QuantState.INITIAL and cfg.dominated_by is None
 
 
-VALIDATION_BATCHES = 3  # calibration batches kept for export validation
+VALIDATION_BATCHES = 3  # calibration batches kept for export validation ...
+VALIDATION_SAMPLES = 16  # ... until they hold this many samples (the first batch always)
 
 
 @dataclass
@@ -125,7 +132,8 @@ class CalibrationPass(PassBase):
             for batch in ctx.track(data, "calibrating", total=data.num_batches):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
-                if len(qgraph.validation_batches) < VALIDATION_BATCHES:
+                if len(qgraph.validation_batches) < VALIDATION_BATCHES and \
+                        sum(map(_samples, qgraph.validation_batches)) < VALIDATION_SAMPLES:
                     qgraph.validation_batches.append(batch)
                     outputs = ex.run(batch)
                     if keep_outputs:  # export validation's FP32 reference, not computed again there

@@ -15,13 +15,13 @@ from typing import Any
 import torch
 
 from netquant.core.int_kernels import (
+    PAIR_LIMIT,
     Accumulation,
     LayoutKind,
     WeightLayout,
     conv_pairwise_correction,
     count_overflow_pairs,
     pairwise_correction,
-    quantize_limited,
 )
 from netquant.core.tensor_config import TensorQuantConfig
 from netquant.graph import Node
@@ -46,13 +46,15 @@ class KernelSite:
 
 
 def _codes(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
-    params = cfg.effective_params
-    assert params is not None
-    return quantize_limited(x, params.scale, params.zero_point, cfg.root.spec, cfg.effective_pair_limit)
+    from netquant.passes.quant_graph import constant_codes
+
+    return constant_codes(x, cfg)
 
 
-def kernel_sites(qgraph: Any) -> list[KernelSite]:
-    """The ops of `qgraph` that a u8 x s8 CPU kernel runs (uint8 activation and int8 weight both quantized)."""
+def kernel_sites(qgraph: Any, overflowing_only: bool = False) -> list[KernelSite]:
+    """The ops of `qgraph` that a u8 x s8 CPU kernel runs (uint8 activation and int8 weight both quantized);
+    overflowing_only: just those with weight pairs that can saturate (weights pair-limited in the kernel's own
+    layout are skipped without computing their codes: they cannot)."""
     from netquant.passes.quant_graph import emits
 
     sites = []
@@ -74,8 +76,13 @@ def kernel_sites(qgraph: Any) -> list[KernelSite]:
         layout = weight_layout(node, weight)
         if weight is None or layout is None:
             continue
+        limit = w_cfg.effective_pair_limit
+        if overflowing_only and limit is not None and limit.layout == layout and limit.limit <= PAIR_LIMIT:
+            continue
         codes = _codes(weight.float(), w_cfg)
-        sites.append(KernelSite(node, a_idx, a_cfg, w_cfg, codes, layout.kind, count_overflow_pairs(codes, layout)))
+        site = KernelSite(node, a_idx, a_cfg, w_cfg, codes, layout.kind, count_overflow_pairs(codes, layout))
+        if site.overflow_pairs or not overflowing_only:
+            sites.append(site)
     return sites
 
 
@@ -123,7 +130,7 @@ class SaturationEmulator:
 
     @classmethod
     def for_graph(cls, qgraph: Any) -> SaturationEmulator:
-        return cls({s.node.name: s for s in kernel_sites(qgraph) if s.overflow_pairs})
+        return cls({s.node.name: s for s in kernel_sites(qgraph, overflowing_only=True)})
 
     def capture(self, node: Node, inputs: list[Any]) -> None:
         site = self.sites.get(node.name)

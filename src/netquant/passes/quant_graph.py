@@ -15,6 +15,7 @@ Placement semantics (what the executor's fake quantization and netquant.export b
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -45,7 +46,8 @@ def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
     scale, zp = params.scale.to(x.device), params.zero_point.to(x.device)
     limit = cfg.effective_pair_limit
     if limit is not None:
-        codes = quantize_limited(x.detach(), scale, zp, cfg.root.spec, limit)
+        codes = constant_codes(x, cfg) if x.device.type == "cpu" else \
+            quantize_limited(x.detach(), scale, zp, cfg.root.spec, limit)
         return dequantize(codes, scale, zp, cfg.root.spec).to(x.dtype)
     return fake_quantize(x, scale, zp, cfg.root.spec)
 
@@ -59,6 +61,26 @@ class BiasCorrection:
     input_index: int
     original: torch.Tensor
     delta: torch.Tensor
+
+
+_CODES: weakref.WeakKeyDictionary[TensorQuantConfig, tuple[Any, ...]] = weakref.WeakKeyDictionary()
+
+
+def constant_codes(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
+    """quantize_limited(x, cfg's effective params, spec, pair limit) for a constant x (a weight), memoised per config
+    while x and the params are the same tensor objects, unmodified (torch's version counters): the executors, the
+    saturation checks and every export of a model share one computation. Do not modify the result."""
+    params = cfg.effective_params
+    assert params is not None
+    spec, limit = cfg.root.spec, cfg.effective_pair_limit
+    tensors = (x, params.scale, params.zero_point)
+    versions = tuple(t._version for t in tensors)
+    hit = _CODES.get(cfg)
+    if hit is not None and all(a is b for a, b in zip(hit[0], tensors)) and hit[1:4] == (versions, spec, limit):
+        return hit[4]
+    codes = quantize_limited(x.detach(), params.scale, params.zero_point, spec, limit)
+    _CODES[cfg] = (tensors, versions, spec, limit, codes)  # the tensors held: their ids cannot be reused
+    return codes
 
 
 @dataclass
