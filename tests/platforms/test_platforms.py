@@ -184,8 +184,9 @@ CONV_WEIGHT_SPECS = {
     "qnn_dsp": (QuantSpec(bits=8, signed=True, symmetric=True, **_PC0), -128, 127),
     "academic_int8": (QuantSpec(bits=8, signed=True, symmetric=True, **_PC0), -128, 127),
     "academic_int4": (QuantSpec(bits=4, signed=True, symmetric=True, **_PC0), -8, 7),
+    # half to even: the rounding of the QDQ file's QuantizeLinear (builtin.py)
     "pow2_int8": (QuantSpec(bits=8, signed=True, symmetric=True, scale_constraint=ScaleConstraint.POWER_OF_TWO,
-                            rounding=RoundingPolicy.ROUND_HALF_UP, **_PC0), -128, 127),
+                            **_PC0), -128, 127),
     "fp8_e4m3": (QuantSpec(bits=8, signed=True, symmetric=True, fmt=QuantFormat.FP8_E4M3, **_PC0), None, None),
 }
 
