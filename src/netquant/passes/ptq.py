@@ -24,7 +24,8 @@ from netquant.passes.settings import QuantSettings
 
 
 def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[PassBase] = ()) -> list[PassBase]:
-    """The default PTQ passes; `extra` passes run after bias quantization, before the final deployability check."""
+    """The default PTQ passes; `extra` passes run after bias quantization and correction, before the final deployability
+    check."""
     return [
         CleanupPass(settings.fold_constants, settings.fold_batchnorm, settings.simplify),
         CheckDataPass(calib_data),
