@@ -112,3 +112,26 @@ def test_exported_file_carries_the_corrected_bias(tmp_path):
     plain = netquant.quantize_onnx(model, calib, platform="academic_int8", bias_correction=False, quiet=True)
     ref = ort_fp32(model, x_eval)
     assert mean_shift(got, ref) < mean_shift(plain.run({"x": x_eval})["y"].numpy(), ref) / 5
+
+
+def test_a_floated_op_gets_its_fp32_bias_back(tmp_path):
+    """Placement keeping an op in float (its configs FP32): the graph, the fake-quant run and the exported file
+    use the FP32 bias again, so the op is exactly the FP32 op."""
+    from netquant.core.tensor_config import QuantState
+
+    model = edge_model()
+    calib = [inputs(4, seed) for seed in range(4)]
+    qm = netquant.quantize_onnx(model, calib, platform="academic_int8", bias_correction=True, quiet=True,
+                                objective=None)
+    bc = qm.qgraph.bias_corrections["b"]
+    assert qm.qgraph.graph.initializers["b"] is bc.corrected
+    for cfg in qm.qgraph.op_configs["dw"].configs():
+        cfg.state = QuantState.FP32
+    assert qm.qgraph.graph.initializers["b"] is bc.original
+    x_eval = inputs(8, 100)
+    ref = ort_fp32(model, x_eval)
+    np.testing.assert_allclose(qm.run({"x": x_eval})["y"].numpy(), ref, atol=2e-4, rtol=1e-5)
+    path = tmp_path / "dw_float.onnx"
+    qm.export(path, validate=False)
+    got = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(None, {"x": x_eval})[0]
+    np.testing.assert_allclose(got, ref, atol=2e-4, rtol=1e-5)

@@ -11,7 +11,8 @@ computed with the graph's own op kernel on the calibration batches (padding and 
 pixels count as the engine computes them). The bias is the op's bias input (Conv, Gemm) or, for a MatMul, the
 constant vector of the single Add that consumes its output. Only ops whose weights are quantized are corrected;
 the corrected value replaces the bias initializer (so every exporter writes it, and int32 biases are quantized
-from it); `QuantizedGraph.bias_corrections` keeps the FP32 values, which the FP32 executor runs with.
+from it) while the op's weights are quantized (`QuantizedGraph.graph` puts the FP32 value back once they are not);
+`QuantizedGraph.bias_corrections` keeps the FP32 values, which the FP32 executor runs with.
 
 Where it matters: a BatchNorm-folded PP-OCR recognizer has first-stage depthwise channels with a nearly constant
 input (std / |mean| < 0.01) and large weights summing to ~0: each weight's rounding error leaks |mean| x sum(dW)
@@ -142,9 +143,10 @@ def correct_biases(qgraph: QuantizedGraph, batches: list[dict[str, torch.Tensor]
     for t in targets:
         original = graph.initializers[t.bias]
         delta = (sums[t.oc.op.name] / len(batches) / t.scale).reshape(original.shape)
-        graph.initializers[t.bias] = (original.double() - delta).to(original.dtype)
+        corrected = (original.double() - delta).to(original.dtype)
+        graph.initializers[t.bias] = corrected
         done[t.bias] = BiasCorrection(op=t.oc.op.name, consumer=t.consumer, input_index=t.bias_index,
-                                      original=original, delta=delta.float())
+                                      original=original, delta=delta.float(), corrected=corrected)
     return done
 
 

@@ -61,6 +61,7 @@ class BiasCorrection:
     input_index: int
     original: torch.Tensor
     delta: torch.Tensor
+    corrected: torch.Tensor  # the value the graph holds while the op's weights are quantized
 
 
 _CODES: weakref.WeakKeyDictionary[TensorQuantConfig, tuple[Any, ...]] = weakref.WeakKeyDictionary()
@@ -105,7 +106,7 @@ class QuantizedGraph:
 
     def __init__(self, graph: Graph, platform: Platform, op_configs: Mapping[str, OpQuantConfig],
                  warnings: Sequence[str] = ()) -> None:
-        self.graph = graph
+        self._graph = graph
         self.platform = platform
         self.op_configs: dict[str, OpQuantConfig] = dict(op_configs)
         self.warnings: list[str] = list(warnings)
@@ -124,6 +125,22 @@ class QuantizedGraph:
         # bias correction pass: bias tensor -> its FP32 value (the graph holds the corrected one; FP32 runs restore it)
         self.bias_corrections: dict[str, BiasCorrection] = {}
         self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
+
+    @property
+    def graph(self) -> Graph:
+        """The graph, its biases in step with the configs: a bias rewritten by bias correction holds the corrected
+        value while its op's weights are quantized and the FP32 value once they are not (e.g. a region placement
+        keeps in float), so every executor and export reads the bias that belongs to the weights they use."""
+        for name, bc in self.bias_corrections.items():
+            oc = self.op_configs.get(bc.op)
+            value = bc.corrected if oc is not None and emits(oc.weight_config()) else bc.original
+            if self._graph.initializers.get(name) is not value:
+                self._graph.initializers[name] = value
+        return self._graph
+
+    @graph.setter
+    def graph(self, graph: Graph) -> None:
+        self._graph = graph
 
     # ---- queries ---------------------------------------------------------------------------
     def configs(self) -> Iterator[TensorQuantConfig]:
