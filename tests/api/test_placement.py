@@ -164,3 +164,33 @@ def test_cli_objective_placement_and_report(tmp_path):
                                    "--placement-from", str(place), "--quiet"])
     assert res.exit_code == 0, res.output
     assert onnx.load(str(out2)).graph == onnx.load(str(out)).graph
+
+
+def test_untimed_platform_gets_the_accuracy_budget_alone(tmp_path):
+    """A platform whose engine is not timed here (academic_int8: Q/DQ reference) is not profiled; the budget floats
+    regions (most loss saved first) until the fake-quant loss, recomputed here, is within max_loss, and the
+    exported file runs what the placement decided."""
+    from netquant.analysis.regions import find_regions
+    from netquant.analysis.sensitivity import LossMeter
+    from netquant.export import export_qdq
+
+    free = quantize_onnx(conv_stack(), stack_batches(), "academic_int8", quiet=True, max_loss=1.0,
+                         placement_time_s=30.0)
+    assert all(r.decision == "int8" and r.reason == Reason.NOT_TIMED for r in free.placement.regions)
+    assert "fp32_ms" not in free.placement.measured and "speed not measured" in free.placement.note
+    all_int8 = free.placement.measured["loss_all_int8"]
+    assert all_int8 > 0
+    budget = all_int8 / 4
+    qm = quantize_onnx(conv_stack(), stack_batches(), "academic_int8", quiet=True, max_loss=budget,
+                       placement_time_s=30.0)
+    floated = [r for r in qm.placement.regions if r.decision == "float"]
+    assert floated and all(r.reason == Reason.BUDGET for r in floated)
+    assert {r.reason for r in qm.placement.regions if r.decision == "int8"} <= {Reason.NOT_TIMED}
+    meter = LossMeter(qm.qgraph, [{k: v[:4] for k, v in qm.qgraph.validation_batches[0].items()}])
+    assert meter.loss([]) == pytest.approx(qm.placement.measured["loss_placed"], rel=1e-9)  # recomputed
+    assert qm.placement.measured["loss_placed"] <= budget
+    still = {r.anchor for r in find_regions(qm.qgraph)}  # the quantized regions left: exactly the INT8 decisions
+    assert still == {r.anchor for r in qm.placement.regions if r.decision == "int8"}
+    report = export_qdq(qm.qgraph, tmp_path / "m.onnx")
+    assert report.validated and report.reference_only
+    assert report.quantized_ops and not any(op in report.quantized_ops for r in floated for op in r.ops)

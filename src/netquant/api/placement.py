@@ -179,9 +179,13 @@ def model_hash(qgraph: QuantizedGraph) -> str:
 
     model = fp32_onnx(qgraph)
     digest = hashlib.sha256()
-    for t in model.graph.initializer:  # tensor by tensor (serializing the whole model copies it)
+    for t in model.graph.initializer:  # tensor by tensor, from the graph's own tensors where it has them (no copy)
         digest.update(onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type).SerializeToString())
-        digest.update(t.raw_data if t.raw_data else t.SerializeToString(deterministic=True))
+        own = qgraph.graph.initializers.get(t.name)
+        if isinstance(own, torch.Tensor) and own.dtype == torch.float32 and tuple(own.shape) == tuple(t.dims):
+            digest.update(own.detach().contiguous().numpy().data)
+        else:
+            digest.update(t.raw_data if t.raw_data else t.SerializeToString(deterministic=True))
     skeleton = onnx.ModelProto()  # everything else
     copy_fields(model, skeleton, skip="graph")
     copy_fields(model.graph, skeleton.graph, skip="initializer")

@@ -68,10 +68,14 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
     text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
             "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
     if qmodel.placement is not None:
-        text += ("\n## Placement: INT8 or float per region\n\nMeasured in onnxruntime on this machine (batch 1, one "
-                 "thread, per-node medians; each region's time includes its Q/DQ and layout glue). A region stays "
-                 "float when it runs slower in INT8 or when the accuracy budget needs it.\n\n"
-                 + qmodel.placement.markdown())
+        timed = any(r.int8_ms is not None for r in qmodel.placement.regions) or \
+            "source_fp32_wall_ms" in qmodel.placement.measured
+        how = ("Measured in onnxruntime on this machine (batch 1, one thread, per-node medians; each region's time "
+               "includes its Q/DQ and layout glue). A region stays float when it runs slower in INT8 or when the "
+               "accuracy budget needs it." if timed else
+               "Speed is not measured for this platform's engine here: a region stays float only when the accuracy "
+               "budget needs it.")
+        text += "\n## Placement: INT8 or float per region\n\n" + how + "\n\n" + qmodel.placement.markdown()
     if qmodel.platform.cpu_target is not None:
         text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first calibration "
                  "batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with full-range int8 "

@@ -16,7 +16,13 @@ import onnx
 from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
-from netquant.export.opset import ai_onnx_opset, check_same_outputs, lower_ir_version, upgrade_opset
+from netquant.export.opset import (
+    ai_onnx_opset,
+    check_same_outputs,
+    lower_ir_version,
+    model_bytes,
+    upgrade_opset,
+)
 from netquant.export.ort_kernels import (
     int8_kernels_of,
     ort_optimized_op_types,
@@ -148,7 +154,7 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
         model = upgrade_opset(fp32, target)
         if feeds is not None:
             check_same_outputs(fp32, model, feeds, f"upgrading '{qgraph.graph.name}' from opset {source} to {target}")
-    base = _Fp32Base(key, fp32, model, source, fp32.ByteSize(), checked=feeds is not None or target == source)
+    base = _Fp32Base(key, fp32, model, source, model_bytes(fp32), checked=feeds is not None or target == source)
     _FP32_BASES[qgraph] = base
     return base
 

@@ -50,7 +50,7 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
 def _without_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
     """(a copy of `model` whose top-level initializers above _BIG_INITIALIZER_BYTES are graph inputs of the same
     type and shape instead, those initializers); (model, []) when there are none."""
-    big = [t for t in model.graph.initializer if t.ByteSize() > _BIG_INITIALIZER_BYTES]
+    big = [t for t in model.graph.initializer if tensor_bytes(t) > _BIG_INITIALIZER_BYTES]
     if not big:
         return model, []
     names = {t.name for t in big}
@@ -62,6 +62,27 @@ def _without_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
     light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in big if t.name not in listed)
     return light, big
+
+
+def tensor_bytes(t: onnx.TensorProto) -> int:
+    """A tensor's data size from its header (numel x element size; upb's ByteSize serializes the tensor to tell)."""
+    numel = 1
+    for d in t.dims:
+        numel *= int(d)
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 1
+    return numel * itemsize
+
+
+def model_bytes(model: onnx.ModelProto) -> int:
+    """The serialized size of `model`, about (to the tensor headers): everything but the initializers serialized,
+    plus each initializer's data size; no copy of the weights."""
+    skeleton = onnx.ModelProto()
+    copy_fields(model, skeleton, skip="graph")
+    copy_fields(model.graph, skeleton.graph, skip="initializer")
+    return skeleton.ByteSize() + sum(tensor_bytes(t) + len(t.name) + 16 for t in model.graph.initializer)
 
 
 def copy_fields(src: Any, dst: Any, skip: str) -> None:

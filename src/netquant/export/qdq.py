@@ -177,19 +177,25 @@ class QdqBuilder:
     def constant_dq(self, name: str, cfg: TensorQuantConfig) -> str:
         """Integer initializer + DequantizeLinear for a constant tensor; returns the DQ output name."""
         scale, zp, spec = params_of(cfg)
-        value = numpy_helper.to_array(self.initializers[name])
-        if not np.issubdtype(value.dtype, np.floating):
-            raise ExportError(f"constant '{name}' has dtype {value.dtype}; only float tensors can be quantized")
-        x = torch.from_numpy(np.array(value, dtype=np.float32))
+        proto = self.initializers[name]
+        weight = self.qgraph.graph.initializers.get(name)
+        if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and \
+                tuple(weight.shape) == tuple(proto.dims):  # the graph's own tensor: no copy out of the proto
+            x = weight
+        else:
+            value = numpy_helper.to_array(proto)
+            if not np.issubdtype(value.dtype, np.floating):
+                raise ExportError(f"constant '{name}' has dtype {value.dtype}; only float tensors can be quantized")
+            x = torch.from_numpy(np.array(value, dtype=np.float32))
+            weight = None
         dtype = _storage(spec, constant=True)
         if spec.granularity is Granularity.PER_CHANNEL:
             axis = spec.axis + x.dim() if spec.axis < 0 else spec.axis
             if x.dim() == 0 or scale.numel() != x.shape[axis]:
                 raise ExportError(f"per-channel scale of '{name}' has {scale.numel()} values but the tensor has "
                                   f"shape {tuple(x.shape)} (axis {spec.axis})")
-        weight = self.qgraph.graph.initializers.get(name)
-        if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 and weight.shape == x.shape:
-            q = constant_codes(weight, cfg)  # the graph's own tensor: shared with the executors and earlier exports
+        if weight is not None:
+            q = constant_codes(weight, cfg)  # shared with the executors and earlier exports
         else:
             q = quantize_limited(x, scale, zp, spec, cfg.effective_pair_limit)
         q = q.to(dtype) if not spec.is_float else q

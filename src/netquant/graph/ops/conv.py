@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 import torch
@@ -68,9 +69,26 @@ CHANNELS_LAST_ON_CPU = True
 def _layout(x: Tensor, w: Tensor) -> tuple[Tensor, Tensor]:
     if CHANNELS_LAST_ON_CPU and x.dim() == 4 and x.device.type == "cpu" and x.dtype in (torch.float32,
                                                                                        torch.float64):
-        cl = torch.channels_last
-        return x.contiguous(memory_format=cl), w.contiguous(memory_format=cl)
+        return x.contiguous(memory_format=torch.channels_last), _channels_last_weight(w)
     return x, w
+
+
+# channels-last copies of constant weights, one per weight tensor while it lives unmodified (id -> (weakref to the
+# weight, its version counter, the copy)); weights that need gradients are converted on every call
+_CHANNELS_LAST: dict[int, tuple[weakref.ref[Tensor], int, Tensor]] = {}
+
+
+def _channels_last_weight(w: Tensor) -> Tensor:
+    cl = torch.channels_last
+    if w.requires_grad or w.is_inference() or w.is_contiguous(memory_format=cl):  # no version counter: no cache
+        return w.contiguous(memory_format=cl)
+    key = id(w)
+    hit = _CHANNELS_LAST.get(key)
+    if hit is not None and hit[0]() is w and hit[1] == w._version:
+        return hit[2]
+    out = w.contiguous(memory_format=cl)
+    _CHANNELS_LAST[key] = (weakref.ref(w, lambda _, k=key: _CHANNELS_LAST.pop(k, None)), w._version, out)
+    return out
 
 
 def conv_nd(x: Tensor, w: Tensor, b: Tensor | None, attrs: dict[str, Any], ctx: OpContext) -> Tensor:

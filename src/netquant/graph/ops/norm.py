@@ -134,11 +134,9 @@ def lrn(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> l
     size = attrs["size"]
     alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
     lo, hi = (size - 1) // 2, math.ceil((size - 1) / 2)
-    sq = (x * x).unsqueeze(1)  # (N, 1, C, ...)
-    pad = [0, 0] * (x.dim() - 2) + [lo, hi]
-    sq = F.pad(sq, pad)
-    rest = sq.shape[3:]
-    flat = sq.reshape(sq.shape[0], 1, sq.shape[2], -1)
-    s = F.avg_pool2d(flat, (size, 1), stride=1) * size
-    s = s.reshape(x.shape[0], x.shape[1], *rest)
+    sq = F.pad(x * x, [0, 0] * (x.dim() - 2) + [lo, hi])  # channels padded with zeros: (N, C + size - 1, ...)
+    channels = x.shape[1]
+    s = sq.narrow(1, 0, channels).clone()
+    for k in range(1, size):  # the window's sum as `size` shifted views (no pooling over a reshaped copy)
+        s += sq.narrow(1, k, channels)
     return [x / (bias + alpha / size * s) ** beta]
