@@ -214,11 +214,14 @@ class FakeQuantHooks:
     def plan(self, on: bool = True) -> None:
         """Which tensors the hooks quantize: those whose configs emit in their current states (on=False: none)."""
         self._in, self._out = {}, {}
-        # FP32 runs (on=False) read the FP32 biases that bias correction replaced in the graph
+        # biases rewritten by bias correction, as the current states want them (whatever the executor's snapshot of
+        # the graph holds): FP32 runs (on=False) and ops whose weights are not quantized read the FP32 value
         self._restore: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for bc in self.qgraph.bias_corrections.values():
+            oc = self.qgraph.op_configs.get(bc.op)
+            corrected = on and oc is not None and emits(oc.weight_config())
+            self._restore.setdefault(bc.consumer, []).append((bc.input_index, bc.corrected if corrected else bc.original))
         if not on:
-            for bc in self.qgraph.bias_corrections.values():
-                self._restore.setdefault(bc.consumer, []).append((bc.input_index, bc.original))
             return
         for name, oc in self.qgraph.op_configs.items():
             ins = [(i, c) for i, c in enumerate(oc.inputs) if emits(c)]
@@ -249,13 +252,13 @@ class FakeQuantHooks:
         return out
 
     def pre(self, node: Node, inputs: list[Any]) -> list[Any] | None:
-        plan = self._in.get(node.name)
-        out = self._apply(node, inputs, plan, True) if plan else None
         restore = self._restore.get(node.name)
-        if restore:
-            out = list(inputs)
+        if restore:  # the bias value the states want, before it is quantized
+            inputs = list(inputs)
             for i, value in restore:
-                out[i] = value.to(inputs[i].device) if isinstance(inputs[i], torch.Tensor) else value
+                inputs[i] = value.to(inputs[i].device) if isinstance(inputs[i], torch.Tensor) else value
+        plan = self._in.get(node.name)
+        out = self._apply(node, inputs, plan, True) if plan else (inputs if restore else None)
         if self.emulator is not None:
             self.emulator.capture(node, out if out is not None else inputs)
         return out
