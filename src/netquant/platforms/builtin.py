@@ -329,8 +329,8 @@ QNN_DSP = _builtin(Platform(
 #   channels through large, zero-sum weights, so each weight's rounding leaks into the output mean: per-channel
 #   87.0% without it, 97.0% with it.
 # The exported files in the Q/DQ reference semantics (benchmarks/results/engine_matrix.md): academic_int8 classifier
-# 100% (FP32 100%), recognizer 97.5% (FP32 97.5%), with or without placement. academic_int4: classifier 63% (88.5%
-# with placement floating 32 regions), recognizer 0% (97.5% with placement, which floats all 38 convs). 4-bit
+# 100% (FP32 100%), recognizer 97.5% (FP32 97.5%), with or without placement. academic_int4: classifier 63% (90.0%
+# with placement floating 36 regions), recognizer 0% (97.5% with placement, which floats 37 of 38 convs). 4-bit
 # activations are what breaks it (classifier W4A8 97.5%, W8A4 64%; recognizer W4A8 71%, fake-quant): 4-bit PTQ
 # would need 8-bit activations (or learned ranges, QAT), reconstruction of the 4-bit weight rounding (AdaRound /
 # BRECQ) and 8-bit first / last layers.
