@@ -418,8 +418,18 @@ def export_file(qm: Any, path: Path) -> tuple[str, list[str]]:
     return status, notes
 
 
+def placement_note(qm: Any) -> str | None:
+    """'placement: N region(s) kept float (...)' when placement floated regions, None otherwise."""
+    placement = getattr(qm, "placement", None)
+    anchors = list(placement.float_anchors()) if placement is not None and hasattr(placement, "float_anchors") else []
+    if not anchors:
+        return None
+    shown = ", ".join(anchors[:4]) + (", ..." if len(anchors) > 4 else "")
+    return f"placement: {len(anchors)} region(s) kept float ({shown})"
+
+
 def measure(task: Task, platform: str, suffix: str, engine_key: str, work: Path, fp32_cache: dict[str, Any],
-            repeats: int) -> Cell:
+            repeats: int, placement: bool = True) -> Cell:
     import netquant
 
     engine = ENGINES[engine_key]
@@ -430,7 +440,12 @@ def measure(task: Task, platform: str, suffix: str, engine_key: str, work: Path,
     path = work / f"{task.name}_{platform}{suffix}"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        qm = netquant.quantize_onnx(str(task.fp32), task.calib, platform=platform, quiet=True)
+        settings: dict[str, Any] = {} if placement else {"objective": None}
+        qm = netquant.quantize_onnx(str(task.fp32), task.calib, platform=platform, quiet=True, **settings)
+    if not placement:
+        cell.notes.append("placement off (objective=None: the platform's defaults alone)")
+    elif (note := placement_note(qm)) is not None:
+        cell.notes.append(note)
     status, notes = export_file(qm, path)
     cell.notes += notes
     cell.file = f"{suffix}: {status}"
@@ -510,6 +525,8 @@ def main() -> None:
     ap.add_argument("--models", default="cls,rec")
     ap.add_argument("--platforms", default=None, help="comma-separated subset (default: all rows)")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--no-placement", action="store_true",
+                    help="quantize with objective=None (the platform's defaults alone, no accuracy budget)")
     ap.add_argument("--update", action="store_true",
                     help="keep the cells of the last run (OUT.json) that this run does not measure again")
     args = ap.parse_args()
@@ -526,7 +543,8 @@ def main() -> None:
         for task in tasks:
             for platform, suffix, engine in rows:
                 try:
-                    cell = measure(task, platform, suffix, engine, Path(tmp), fp32_cache, args.repeats)
+                    cell = measure(task, platform, suffix, engine, Path(tmp), fp32_cache, args.repeats,
+                                   placement=not args.no_placement)
                 except Exception as exc:  # noqa: BLE001 - quantization failing is a result too
                     traceback.print_exc()
                     cell = Cell(platform, task.name, suffix, notes=[f"{type(exc).__name__}: {str(exc)[:200]}"])

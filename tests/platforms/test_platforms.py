@@ -77,8 +77,9 @@ def test_schemes_match_the_engines():
     assert get_platform("ncnn_int8").weight.rounding is RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO
     assert get_platform("pow2_int8").activation.scale_constraint is ScaleConstraint.POWER_OF_TWO
     assert get_platform("fp8_e4m3").activation.fmt is QuantFormat.FP8_E4M3
-    qnn = get_platform("qnn_dsp")
-    assert not qnn.activation.signed and not qnn.weight.signed and qnn.weight.granularity is Granularity.PER_TENSOR
+    qnn = get_platform("qnn_dsp")  # QNN HTP: uint8 affine activations, int8 symmetric per-channel weights
+    assert not qnn.activation.signed and qnn.weight.signed and qnn.weight.symmetric
+    assert qnn.weight.granularity is Granularity.PER_CHANNEL
     a4 = get_platform("academic_int4")
     assert a4.activation.qmax == 15 and a4.weight.qmin == -8
     tfl = get_platform("tflite_int8")
@@ -157,8 +158,16 @@ def test_tflite_quantizes_heavy_ops_and_keeps_elementwise_float():
 def test_academic_quantizes_only_compute_inputs():
     qg = build(conv_relu_gemm(), "academic_int8")
     assert [c.state for c in qg.op_configs["conv"].outputs] == [QuantState.FP32]
-    assert qg.op_configs["conv"].inputs[1].spec.granularity is Granularity.PER_TENSOR
+    assert qg.op_configs["conv"].inputs[1].spec.granularity is Granularity.PER_CHANNEL  # see builtin.py
     assert not qg.op_configs["pool"].is_quantized and not qg.op_configs["relu"].is_quantized
+    assert get_platform("academic_int8").bias_correction
+
+
+def test_academic_quantizes_conv_gemm_not_matmul():
+    """PPQ's ACADEMIC quant_operation_types are Conv, Gemm and ConvTranspose: MatMul stays float."""
+    qg = build(matmul_model(), "academic_int8")
+    assert not qg.op_configs["proj"].is_quantized and not qg.op_configs["attn"].is_quantized
+    assert sorted(get_platform("academic_int4").rules) == ["Conv", "ConvTranspose", "Gemm"]
 
 
 _PC0 = {"granularity": Granularity.PER_CHANNEL, "axis": 0}
@@ -172,11 +181,12 @@ CONV_WEIGHT_SPECS = {
     "tflite_int8": (QuantSpec(bits=8, signed=True, symmetric=True, **_PC0), -128, 127),
     "ncnn_int8": (QuantSpec(bits=8, signed=True, symmetric=True, narrow_range=True,
                             rounding=RoundingPolicy.ROUND_HALF_FAR_FROM_ZERO, **_PC0), -127, 127),
-    "qnn_dsp": (QuantSpec(bits=8, signed=False, symmetric=False), 0, 255),
-    "academic_int8": (QuantSpec(bits=8, signed=True, symmetric=True), -128, 127),
-    "academic_int4": (QuantSpec(bits=4, signed=True, symmetric=True), -8, 7),
+    "qnn_dsp": (QuantSpec(bits=8, signed=True, symmetric=True, **_PC0), -128, 127),
+    "academic_int8": (QuantSpec(bits=8, signed=True, symmetric=True, **_PC0), -128, 127),
+    "academic_int4": (QuantSpec(bits=4, signed=True, symmetric=True, **_PC0), -8, 7),
+    # half to even: the rounding of the QDQ file's QuantizeLinear (builtin.py)
     "pow2_int8": (QuantSpec(bits=8, signed=True, symmetric=True, scale_constraint=ScaleConstraint.POWER_OF_TWO,
-                            rounding=RoundingPolicy.ROUND_HALF_UP, **_PC0), -128, 127),
+                            **_PC0), -128, 127),
     "fp8_e4m3": (QuantSpec(bits=8, signed=True, symmetric=True, fmt=QuantFormat.FP8_E4M3, **_PC0), None, None),
 }
 

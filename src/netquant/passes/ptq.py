@@ -10,6 +10,7 @@ from netquant.graph import Graph
 from netquant.passes.alignment import AlignmentPass
 from netquant.passes.base import PassBase, PassContext
 from netquant.passes.bias import BiasPass
+from netquant.passes.bias_correction import BiasCorrectionPass
 from netquant.passes.build_configs import BuildConfigsPass
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.calibration import CalibrationPass
@@ -23,7 +24,8 @@ from netquant.passes.settings import QuantSettings
 
 
 def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[PassBase] = ()) -> list[PassBase]:
-    """The default PTQ passes; `extra` passes run after bias quantization, before the final deployability check."""
+    """The default PTQ passes; `extra` passes run after bias quantization and correction, before the final deployability
+    check."""
     return [
         CleanupPass(settings.fold_constants, settings.fold_batchnorm, settings.simplify),
         CheckDataPass(calib_data),
@@ -31,6 +33,7 @@ def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[Pas
         CalibrationPass(),
         AlignmentPass(),
         BiasPass(),
+        BiasCorrectionPass(),
         *extra,
         DeployabilityCheck(),
     ]

@@ -52,6 +52,18 @@ def fake_quant(x: torch.Tensor, cfg: TensorQuantConfig) -> torch.Tensor:
     return fake_quantize(x, scale, zp, cfg.root.spec)
 
 
+@dataclass(frozen=True)
+class BiasCorrection:
+    """One bias rewritten by bias correction (passes.bias_correction): the FP32 value and the shift subtracted."""
+
+    op: str  # the op whose weight quantization the shift corrects
+    consumer: str  # the op reading the bias (the op itself, or the Add after a MatMul)
+    input_index: int
+    original: torch.Tensor
+    delta: torch.Tensor
+    corrected: torch.Tensor  # the value the graph holds while the op's weights are quantized
+
+
 _CODES: weakref.WeakKeyDictionary[TensorQuantConfig, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
@@ -94,7 +106,7 @@ class QuantizedGraph:
 
     def __init__(self, graph: Graph, platform: Platform, op_configs: Mapping[str, OpQuantConfig],
                  warnings: Sequence[str] = ()) -> None:
-        self.graph = graph
+        self._graph = graph
         self.platform = platform
         self.op_configs: dict[str, OpQuantConfig] = dict(op_configs)
         self.warnings: list[str] = list(warnings)
@@ -110,7 +122,25 @@ class QuantizedGraph:
         self.calibration: CalibrationCounts = CalibrationCounts()  # calibration pass
         self.aligned_groups: int = 0  # alignment pass: shared-scale groups given one set of params
         self.bias_scale_adjustments: list[BiasScaleAdjustment] = []  # bias pass: weight scales enlarged
+        # bias correction pass: bias tensor -> its FP32 value (the graph holds the corrected one; FP32 runs restore it)
+        self.bias_corrections: dict[str, BiasCorrection] = {}
         self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
+
+    @property
+    def graph(self) -> Graph:
+        """The graph, its biases in step with the configs: a bias rewritten by bias correction holds the corrected
+        value while its op's weights are quantized and the FP32 value once they are not (e.g. a region placement
+        keeps in float), so every executor and export reads the bias that belongs to the weights they use."""
+        for name, bc in self.bias_corrections.items():
+            oc = self.op_configs.get(bc.op)
+            value = bc.corrected if oc is not None and emits(oc.weight_config()) else bc.original
+            if self._graph.initializers.get(name) is not value:
+                self._graph.initializers[name] = value
+        return self._graph
+
+    @graph.setter
+    def graph(self, graph: Graph) -> None:
+        self._graph = graph
 
     # ---- queries ---------------------------------------------------------------------------
     def configs(self) -> Iterator[TensorQuantConfig]:
@@ -141,6 +171,10 @@ class QuantizedGraph:
         ex = Executor(self.graph, device=device)
         if fake_quant:
             self.attach_fake_quant(ex, accumulation)
+        elif self.bias_corrections:  # the FP32 model: its own biases, not the corrected ones
+            hooks = FakeQuantHooks(self)
+            hooks.plan(on=False)
+            hooks.handles = [ex.add_pre_hook(hooks.pre)]
         return ex
 
     def attach_fake_quant(self, ex: Executor, accumulation: Accumulation = Accumulation.EXACT) -> FakeQuantHooks:
@@ -180,6 +214,13 @@ class FakeQuantHooks:
     def plan(self, on: bool = True) -> None:
         """Which tensors the hooks quantize: those whose configs emit in their current states (on=False: none)."""
         self._in, self._out = {}, {}
+        # biases rewritten by bias correction, as the current states want them (whatever the executor's snapshot of
+        # the graph holds): FP32 runs (on=False) and ops whose weights are not quantized read the FP32 value
+        self._restore: dict[str, list[tuple[int, torch.Tensor]]] = {}
+        for bc in self.qgraph.bias_corrections.values():
+            oc = self.qgraph.op_configs.get(bc.op)
+            corrected = on and oc is not None and emits(oc.weight_config())
+            self._restore.setdefault(bc.consumer, []).append((bc.input_index, bc.corrected if corrected else bc.original))
         if not on:
             return
         for name, oc in self.qgraph.op_configs.items():
@@ -211,8 +252,13 @@ class FakeQuantHooks:
         return out
 
     def pre(self, node: Node, inputs: list[Any]) -> list[Any] | None:
+        restore = self._restore.get(node.name)
+        if restore:  # the bias value the states want, before it is quantized
+            inputs = list(inputs)
+            for i, value in restore:
+                inputs[i] = value.to(inputs[i].device) if isinstance(inputs[i], torch.Tensor) else value
         plan = self._in.get(node.name)
-        out = self._apply(node, inputs, plan, True) if plan else None
+        out = self._apply(node, inputs, plan, True) if plan else (inputs if restore else None)
         if self.emulator is not None:
             self.emulator.capture(node, out if out is not None else inputs)
         return out

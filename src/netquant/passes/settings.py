@@ -54,6 +54,8 @@ class QuantSettings:
     range_bits: significant bits kept of each calibrated activation range end, rounded outward
         (calib.ranges.round_range_outward); makes scales immune to float summation-order noise
         (torch thread count).  None = the observer's exact range.
+    bias_correction: fold the mean output shift of weight quantization into the biases
+        (passes.bias_correction); None = the platform's default (Platform.bias_correction).
     objective: automatic placement (Objective; None = the platform's rules only, no measurement).
     max_loss: the accuracy budget of placement: 1 - output cosine vs FP32 by default, or with `metric` the allowed
         drop of metric(outputs, target) (higher is better) on `eval_data` ((inputs, target) pairs); None = the
@@ -81,6 +83,7 @@ class QuantSettings:
     simplify: bool = True  # exact rewrites: Conv->Mul/Add folding, decomposed hard-swish -> HardSigmoid*x
     device: str = "cpu"
     range_bits: int | None = 8
+    bias_correction: bool | None = None  # None: the platform's choice (Platform.bias_correction)
     target: CpuTarget | str | None = None
     weight_scheme: WeightScheme | str | None = None
     objective: Objective | str | None = Objective.BALANCED

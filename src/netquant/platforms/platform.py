@@ -190,6 +190,7 @@ class Platform:
         (None: the engine's arithmetic does not depend on the CPU). `for_cpu` applies it.
     weight_scheme: how int8-kernel weights are stored (None until `for_cpu` picks one for cpu_target).
     safe_weight_scheme: the saturation-free scheme this engine uses where a target needs one.
+    bias_correction: subtract E[op(x, W_q - W)] from the biases after calibration (passes.bias_correction).
     """
 
     name: str
@@ -209,6 +210,8 @@ class Platform:
     safe_weight_scheme: WeightScheme = WeightScheme.INT7
     knows_weight_packing: bool = False  # the engine's u8 x s8 K order is known (weight_layout): int8-pairs possible
     validation: Validation = Validation.QDQ_REFERENCE
+    # fold the mean output shift of weight quantization into the biases (netquant.passes.bias_correction)
+    bias_correction: bool = False
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
 
     @property
