@@ -2,7 +2,8 @@
 Q/DQ semantics: the exported file run in onnxruntime with graph optimizations off (Q/DQ as ONNX defines them).
 
 Slow (each preset calibrates the real classifier): `pytest -m slow tests/export/test_presets_accuracy.py`.
-academic_int4 is not among them: 4-bit per-tensor PTQ loses the classifier (benchmarks/results/engine_matrix.md).
+academic_int4 is not among them: 4-bit activations lose the classifier (90.0% with the budget, 63% without;
+benchmarks/results/engine_matrix.md).
 """
 
 from __future__ import annotations
