@@ -17,6 +17,11 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
    the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY).
 
+BALANCED / ACCURACY first time the all-INT8 file against the user's FP32 model (wall clock, interleaved, within
+WALL_BUDGET_S); when it is no slower and within the budget that decides, and steps 2-6 run only while the time cap
+(TIME_SHARE of the quantization time, at least MIN_TIME_S) leaves room for them. Platforms whose engine is not timed
+here get step 4 alone (`_budget_only`).
+
 The result is a `Placement`, saved as JSON (`Placement.save`) and re-applied without measuring (`placement_from`).
 """
 
