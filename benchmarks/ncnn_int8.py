@@ -24,7 +24,6 @@ import numpy as np
 import netquant
 from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
-from netquant.atomic import write_text_atomic
 from netquant.data.ocr import cls_batch, ctc_greedy_decode, direction_samples, rec_batch, score_lines
 from netquant.data.text_render import make_text_lines
 from netquant.export.ncnn import export_ncnn
@@ -32,6 +31,7 @@ from netquant.export.ncnn.pnnx_convert import pnnx_convert
 from netquant.export.ncnn.runner import NcnnRunner
 from netquant.graph import to_onnx
 from netquant.platforms.targets import host_info
+from results_table import publish
 
 RESULTS = Path(__file__).parent / "results" / "ncnn_int8.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
@@ -153,10 +153,7 @@ def main() -> None:
                      f"{r.cosine} | {r.export_s} | {r.size_mb:.2f} | {r.latency_ms:.2f} | {r.speedup:.2f}x |")
     if notes:
         lines += ["", "Export warnings:", ""] + [f"- {n}" for n in notes]
-    text = "\n".join(lines) + "\n"
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(RESULTS, text)
-    print(text)
+    publish(RESULTS, lines)
 
 
 if __name__ == "__main__":

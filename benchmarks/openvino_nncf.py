@@ -27,11 +27,11 @@ import openvino as ov
 
 from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
-from netquant.atomic import write_text_atomic
 from netquant.data.ocr import cls_batch, ctc_greedy_decode, direction_samples, rec_batch, score_lines
 from netquant.data.text_render import make_text_lines
 from netquant.export.openvino import HEAVY_LAYER_TYPES, INT8_PRECISIONS
 from netquant.platforms.targets import host_info
+from results_table import publish
 
 RESULTS = Path(__file__).parent / "results" / "openvino_nncf.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
@@ -226,10 +226,7 @@ def main() -> None:
               "and kernel first; `_I8` kernels run int8):", ""]
     lines += [f"- {p}" for p in profiles]
     lines += ["", NOTES]
-    text = "\n".join(lines) + "\n"
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(RESULTS, text)
-    print(text)
+    publish(RESULTS, lines)
 
 
 if __name__ == "__main__":

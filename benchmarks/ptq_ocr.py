@@ -37,7 +37,6 @@ from onnxruntime.quantization.shape_inference import quant_pre_process
 
 from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
-from netquant.atomic import write_text_atomic
 from netquant.data.ocr import (
     cls_accuracy,
     cls_batch,
@@ -48,6 +47,7 @@ from netquant.data.ocr import (
 )
 from netquant.data.text_render import make_text_lines
 from netquant.platforms.targets import host_info
+from results_table import publish
 
 RESULTS = Path(__file__).parent / "results" / "ptq_ocr.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
@@ -307,10 +307,7 @@ def main() -> None:
     if kernels_notes:
         lines += ["", "Int8 kernels onnxruntime runs after its graph optimizations (netquant exports):", ""]
         lines += [f"- {k}" for k in kernels_notes]
-    text = "\n".join(lines) + "\n"
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(RESULTS, text)
-    print(text)
+    publish(RESULTS, lines)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,6 @@ from ai_edge_litert.interpreter import Interpreter
 import netquant
 from netquant.analysis.timing import interleaved_ms
 from netquant.api import zoo
-from netquant.atomic import write_text_atomic
 from netquant.data.ocr import (
     cls_batch,
     ctc_greedy_decode,
@@ -32,6 +31,7 @@ from netquant.data.ocr import (
 from netquant.data.text_render import make_text_lines
 from netquant.export.tflite import export_tflite
 from netquant.platforms.targets import host_info
+from results_table import publish
 
 RESULTS = Path(__file__).parent / "results" / "tflite_ocr.md"
 CALIB_SEED, EVAL_SEED = 1000, 2000
@@ -113,10 +113,7 @@ def main() -> None:
              "| model | FP32 ONNX Runtime | FP32 .tflite | int8 .tflite | FP32 ms | int8 ms | speed-up | quantize + "
              "export s | MB | file |",
              "|---|---|---|---|---|---|---|---|---|---|", *rows]
-    text = "\n".join(lines) + "\n"
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(RESULTS, text)
-    print(text)
+    publish(RESULTS, lines)
 
 
 if __name__ == "__main__":

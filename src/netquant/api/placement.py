@@ -180,7 +180,7 @@ def model_hash(qgraph: QuantizedGraph) -> str:
     """sha256 of the cleaned-up FP32 graph as ONNX (what placement decisions refer to): each initializer's header and
     raw bytes in order, then the model without initializers."""
     from netquant.export.onnx_qdq import fp32_onnx
-    from netquant.export.opset import copy_fields
+    from netquant.export.opset import without_initializers
 
     model = fp32_onnx(qgraph)
     digest = hashlib.sha256()
@@ -191,10 +191,7 @@ def model_hash(qgraph: QuantizedGraph) -> str:
             digest.update(own.detach().contiguous().numpy().data)
         else:
             digest.update(t.raw_data if t.raw_data else t.SerializeToString(deterministic=True))
-    skeleton = onnx.ModelProto()  # everything else
-    copy_fields(model, skeleton, skip="graph")
-    copy_fields(model.graph, skeleton.graph, skip="initializer")
-    digest.update(skeleton.SerializeToString(deterministic=True))
+    digest.update(without_initializers(model).SerializeToString(deterministic=True))  # everything else
     return digest.hexdigest()
 
 

@@ -55,9 +55,7 @@ def _without_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, 
         return model, []
     names = {t.name for t in big}
     listed = {v.name for v in model.graph.input}
-    light = onnx.ModelProto()
-    copy_fields(model, light, skip="graph")
-    copy_fields(model.graph, light.graph, skip="initializer")
+    light = without_initializers(model)
     light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in names)
     light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in big if t.name not in listed)
@@ -79,10 +77,15 @@ def tensor_bytes(t: onnx.TensorProto) -> int:
 def model_bytes(model: onnx.ModelProto) -> int:
     """The serialized size of `model`, about (to the tensor headers): everything but the initializers serialized,
     plus each initializer's data size; no copy of the weights."""
-    skeleton = onnx.ModelProto()
-    copy_fields(model, skeleton, skip="graph")
-    copy_fields(model.graph, skeleton.graph, skip="initializer")
-    return skeleton.ByteSize() + sum(tensor_bytes(t) + len(t.name) + 16 for t in model.graph.initializer)
+    return without_initializers(model).ByteSize() + sum(tensor_bytes(t) + len(t.name) + 16 for t in model.graph.initializer)
+
+
+def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with every field but the top-level initializers (no copy of the weights)."""
+    out = onnx.ModelProto()
+    copy_fields(model, out, skip="graph")
+    copy_fields(model.graph, out.graph, skip="initializer")
+    return out
 
 
 def copy_fields(src: Any, dst: Any, skip: str) -> None:
