@@ -319,8 +319,8 @@ def test_export_names_a_broken_opset_upgrade_when_validation_fails(tmp_path: Pat
 
     qm = _quantize(conv_net(opset=11), images(16), "onnxruntime_int8")
     base = onnx_qdq._fp32_base(qm.qgraph, 13, None)
-    assert base.model is not base.fp32 and not base.checked
-    next(n for n in base.model.graph.node if n.op_type == "MaxPool").op_type = "AveragePool"
+    assert base.upgraded and not base.checked
+    next(n for n in base.skeleton.graph.node if n.op_type == "MaxPool").op_type = "AveragePool"
     out = tmp_path / "q.onnx"
     with pytest.raises(ExportError, match="upgrading .* changed output 'y'"):
         export_qdq(qm.qgraph, out)

@@ -14,6 +14,7 @@ groups running along `axis`.  Params come back shaped () / (C,) / x.shape with a
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -259,7 +260,7 @@ class Observer(ABC):
         if self.spec.granularity is Granularity.PER_TENSOR and not self.reads_values:
             # extrema only: no (1, N) copy of a non-contiguous activation; Batch.values is x itself then
             lo, hi = torch.aminmax(dense_flat(x))
-            if bool(torch.isfinite(lo)) and bool(torch.isfinite(hi)):
+            if math.isfinite(float(lo)) and math.isfinite(float(hi)):  # Python floats: no tensor op per check
                 self._param_shape, self._shape_key = (), (1,)
                 self.num_batches += 1
                 self.num_values += x.numel()

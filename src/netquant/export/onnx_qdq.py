@@ -21,7 +21,8 @@ from netquant.export.opset import (
     check_same_outputs,
     lower_ir_version,
     model_bytes,
-    upgrade_opset,
+    split_big_initializers,
+    upgrade_light,
 )
 from netquant.export.ort_kernels import (
     int8_kernels_of,
@@ -115,14 +116,30 @@ def validation_label(validation: Validation) -> str:
 
 @dataclass
 class _Fp32Base:
-    """The FP32 model a QDQ export starts from: the cleaned graph as ONNX, upgraded to the export's opset."""
+    """The FP32 model a QDQ export starts from: the cleaned graph as ONNX, upgraded to the export's opset, kept as a
+    skeleton (everything but the large initializers) plus those initializers, which live once, in `fp32`: a build
+    copies the skeleton and only the large initializers its model still reads (not the weights it quantizes)."""
 
     key: tuple[Any, ...]  # passes.calibration.graph_state of the graph it was made from
     fp32: onnx.ModelProto  # the cleaned graph as ONNX, at its own opset
-    model: onnx.ModelProto  # fp32 upgraded to the target opset (fp32 itself when no upgrade was needed)
+    skeleton: onnx.ModelProto  # fp32 upgraded to the target opset, without the `big` initializers
+    big: list[onnx.TensorProto]  # fp32's large initializers (its own messages), after the skeleton's in order
     source_opset: int
     fp32_bytes: int
     checked: bool  # the upgrade was run against the original on real feeds (or there was none)
+
+    @property
+    def upgraded(self) -> bool:
+        return ai_onnx_opset(self.skeleton) != self.source_opset
+
+    def whole(self) -> onnx.ModelProto:
+        """The upgraded model with every initializer (a copy: for the rare checks that run it)."""
+        if not self.upgraded:
+            return self.fp32
+        model = onnx.ModelProto()
+        model.CopyFrom(self.skeleton)
+        model.graph.initializer.extend(self.big)
+        return model
 
 
 _FP32_BASES: weakref.WeakKeyDictionary[Any, _Fp32Base] = weakref.WeakKeyDictionary()
@@ -137,7 +154,8 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
 
     key = graph_state(qgraph.graph)
     base = _FP32_BASES.get(qgraph)
-    if base is not None and base.key == key and ai_onnx_opset(base.model) >= need and (base.checked or feeds is None):
+    if base is not None and base.key == key and ai_onnx_opset(base.skeleton) >= need and \
+            (base.checked or feeds is None):
         return base
     fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
     fill_output_shapes(fp32, qgraph.graph)
@@ -148,13 +166,14 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
         fp32.graph.input.extend(inputs)
         fp32.ir_version = 4
     source = ai_onnx_opset(fp32)
-    target = max(need, source)
-    model = fp32
-    if target > source:
-        model = upgrade_opset(fp32, target)
+    light, big = split_big_initializers(fp32)
+    skeleton = upgrade_light(light, big, max(need, source))
+    base = _Fp32Base(key, fp32, skeleton, big, source, model_bytes(fp32), checked=True)
+    if base.upgraded:
+        base.checked = feeds is not None
         if feeds is not None:
-            check_same_outputs(fp32, model, feeds, f"upgrading '{qgraph.graph.name}' from opset {source} to {target}")
-    base = _Fp32Base(key, fp32, model, source, model_bytes(fp32), checked=feeds is not None or target == source)
+            check_same_outputs(fp32, base.whole(), feeds,
+                               f"upgrading '{qgraph.graph.name}' from opset {source} to {ai_onnx_opset(skeleton)}")
     _FP32_BASES[qgraph] = base
     return base
 
@@ -162,9 +181,9 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
 def check_upgrade(qgraph: QuantizedGraph, feeds: dict[str, Any]) -> None:
     """ExportError when the opset upgrade of qgraph's FP32 model (if one was made) changes an output on `feeds`."""
     base = _FP32_BASES.get(qgraph)
-    if base is not None and base.model is not base.fp32 and not base.checked:
-        check_same_outputs(base.fp32, base.model, feeds, f"upgrading '{qgraph.graph.name}' from opset "
-                           f"{base.source_opset} to {ai_onnx_opset(base.model)}")
+    if base is not None and base.upgraded and not base.checked:
+        check_same_outputs(base.fp32, base.whole(), feeds, f"upgrading '{qgraph.graph.name}' from opset "
+                           f"{base.source_opset} to {ai_onnx_opset(base.skeleton)}")
         base.checked = True
 
 
@@ -188,9 +207,9 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
                           "QDQ 13, FP8 19, int16 / per-group 21)")
     base = _fp32_base(qgraph, max(need, opset or 0), feeds)
     model = onnx.ModelProto()
-    model.CopyFrom(base.model)
+    model.CopyFrom(base.skeleton)
     source = base.source_opset
-    builder = QdqBuilder(qgraph, model)
+    builder = QdqBuilder(qgraph, model, external=base.big)
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers

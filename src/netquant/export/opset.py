@@ -27,39 +27,51 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
     onnx's converter copies the whole model several times; the large initializers (weights, which no upward
     adapter reads: they turn attributes into new small inputs) are replaced by typed graph inputs for the
     conversion and put back afterwards, so a 240 MB model converts in a fraction of the time."""
-    current = ai_onnx_opset(model)
-    if current >= target:
+    if ai_onnx_opset(model) >= target:
         return model
-    light, big = _without_big_initializers(model)
-    added = {t.name for t in big} - {v.name for v in model.graph.input}  # the placeholders to drop again
-    try:
-        converted = version_converter.convert_version(light, target)
-    except Exception as exc:
-        raise ExportError(f"cannot upgrade model '{model.graph.name}' from opset {current} to {target} "
-                          f"(needed for QuantizeLinear/DequantizeLinear with per-axis scales): {exc}") from exc
-    if big:
-        inputs = [v for v in converted.graph.input if v.name not in added]
-        del converted.graph.input[:]
-        converted.graph.input.extend(inputs)
-        converted.graph.initializer.extend(big)
-    # the converter drops graph-level names of unnamed nodes; keep the metadata the original had
-    converted.ir_version = max(converted.ir_version, model.ir_version)
+    light, big = split_big_initializers(model)
+    converted = upgrade_light(light, big, target)
+    converted.graph.initializer.extend(big)
     return converted
 
 
-def _without_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
-    """(a copy of `model` whose top-level initializers above _BIG_INITIALIZER_BYTES are graph inputs of the same
-    type and shape instead, those initializers); (model, []) when there are none."""
+def split_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
+    """(a copy of `model` without its top-level initializers above _BIG_INITIALIZER_BYTES, those initializers: the
+    model's own messages, not copies); the copy lists them nowhere (not even as inputs)."""
     big = [t for t in model.graph.initializer if tensor_bytes(t) > _BIG_INITIALIZER_BYTES]
-    if not big:
-        return model, []
     names = {t.name for t in big}
-    listed = {v.name for v in model.graph.input}
     light = without_initializers(model)
     light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in names)
+    return light, big
+
+
+def upgrade_light(light: onnx.ModelProto, big: list[onnx.TensorProto], target: int) -> onnx.ModelProto:
+    """split_big_initializers' `light` converted to ai.onnx opset `target` (a new model; `light` itself when already
+    there), the `big` initializers standing in as typed graph inputs during the conversion only."""
+    current = ai_onnx_opset(light)
+    if current >= target:
+        return light
+    listed = {v.name for v in light.graph.input}
+    added = [t.name for t in big if t.name not in listed]  # the placeholders to drop again
     light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in big if t.name not in listed)
-    return light, big
+    try:
+        converted = version_converter.convert_version(light, target)
+    except Exception as exc:
+        raise ExportError(f"cannot upgrade model '{light.graph.name}' from opset {current} to {target} "
+                          f"(needed for QuantizeLinear/DequantizeLinear with per-axis scales): {exc}") from exc
+    finally:
+        if added:
+            inputs = [v for v in light.graph.input if v.name not in set(added)]
+            del light.graph.input[:]
+            light.graph.input.extend(inputs)
+    if added:
+        inputs = [v for v in converted.graph.input if v.name not in set(added)]
+        del converted.graph.input[:]
+        converted.graph.input.extend(inputs)
+    # the converter drops graph-level names of unnamed nodes; keep the metadata the original had
+    converted.ir_version = max(converted.ir_version, light.ir_version)
+    return converted
 
 
 def tensor_bytes(t: onnx.TensorProto) -> int:

@@ -10,6 +10,7 @@ Ranges narrower than the storage type (int4 activations, custom quant_min/max) g
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,15 +60,23 @@ def required_opset(qgraph: QuantizedGraph) -> int:
     return need
 
 
+_RAW_DTYPES = {np.dtype(t) for t in ("int8", "uint8", "int16", "uint16", "int32", "int64", "float32")}
+
+
 class QdqBuilder:
     """Inserts Q/DQ nodes into an ONNX copy of a QuantizedGraph's FP32 graph."""
 
-    def __init__(self, qgraph: QuantizedGraph, model: onnx.ModelProto) -> None:
+    def __init__(self, qgraph: QuantizedGraph, model: onnx.ModelProto,
+                 external: Sequence[onnx.TensorProto] = ()) -> None:
+        """external: initializers of the model that `model` does not hold yet (large weights, shared with the FP32
+        base): appended at the end of build() where the exported model still reads them."""
         self.qgraph = qgraph
         self.model = model
         self.graph = model.graph
         self.stats = QdqStats()
         self.initializers = {t.name: t for t in self.graph.initializer}
+        self.external = {t.name: t for t in external}
+        self.initializers.update(self.external)
         self.new_nodes: list[onnx.NodeProto] = []
         self.taken: set[str] = set(self.initializers)
         for n in self.graph.node:
@@ -117,6 +126,13 @@ class QdqBuilder:
             else:
                 array = array.numpy()
         array = np.asarray(array)  # (np.ascontiguousarray would turn a scalar into shape (1,))
+        if array.dtype in _RAW_DTYPES:  # written in place: no copy of the (weight-sized) codes into the graph
+            tensor = self.graph.initializer.add()
+            tensor.name = name
+            tensor.dims.extend(array.shape)
+            tensor.data_type = helper.np_dtype_to_tensor_dtype(array.dtype)
+            tensor.raw_data = array.tobytes()
+            return name
         self.graph.initializer.append(numpy_helper.from_array(array if array.flags.c_contiguous else array.copy(), name))
         return name
 
@@ -275,7 +291,9 @@ class QdqBuilder:
             self._rewire(slot, shared)
         if groups and not any(tensor in n.input for n in self.graph.node) and \
                 tensor not in {o.name for o in self.graph.output}:
-            self.graph.initializer.remove(self.initializers.pop(tensor))  # float copy no longer used
+            proto = self.initializers.pop(tensor)  # float copy no longer used
+            if self.external.pop(tensor, None) is None:
+                self.graph.initializer.remove(proto)
 
     def _activation(self, tensor: str, producer: Slot | None, users: list[Slot]) -> None:
         current: TensorQuantConfig | None = None
@@ -303,6 +321,8 @@ class QdqBuilder:
         nodes = list(self.graph.node) + self.new_nodes
         del self.graph.node[:]
         self.graph.node.extend(toposort(nodes, self.graph))
+        self.graph.initializer.extend(self.external.values())  # the large float initializers still read
+        self.external = {}
 
 
 def _same_quant(a: TensorQuantConfig, b: TensorQuantConfig) -> bool:

@@ -134,16 +134,18 @@ def tensor_from_proto(proto: TensorProto, where: str = "") -> tuple[torch.Tensor
     return numpy_to_torch(arr), proto.data_type
 
 
-def tensor_to_proto(value: torch.Tensor | np.ndarray, name: str = "", elem_type: int | None = None) -> TensorProto:
-    """torch (or numpy object array of strings) -> TensorProto; elem_type overrides a stand-in dtype."""
+def tensor_to_proto(value: torch.Tensor | np.ndarray, name: str = "", elem_type: int | None = None,
+                    into: TensorProto | None = None) -> TensorProto:
+    """torch (or numpy object array of strings) -> TensorProto; elem_type overrides a stand-in dtype.
+    into: an empty TensorProto to fill (e.g. `graph.initializer.add()`: no copy of the data into a repeated field)."""
     if isinstance(value, np.ndarray) and value.dtype == object:
-        return numpy_helper.from_array(value, name)
+        return _filled(into, numpy_helper.from_array(value, name))
     t = value if isinstance(value, torch.Tensor) else numpy_to_torch(value)
     t = t.detach().cpu().contiguous()
     if elem_type is not None and elem_type in STAND_IN:
         vals = t.reshape(-1).tolist()
-        return onnx.helper.make_tensor(name, elem_type, list(t.shape), vals)
-    proto = TensorProto()
+        return _filled(into, onnx.helper.make_tensor(name, elem_type, list(t.shape), vals))
+    proto = TensorProto() if into is None else into
     if name:
         proto.name = name
     proto.dims.extend(t.shape)
@@ -155,3 +157,10 @@ def tensor_to_proto(value: torch.Tensor | np.ndarray, name: str = "", elem_type:
     else:
         proto.raw_data = t.reshape(-1).view(torch.uint8).numpy().tobytes()
     return proto
+
+
+def _filled(into: TensorProto | None, proto: TensorProto) -> TensorProto:
+    if into is None:
+        return proto
+    into.CopyFrom(proto)
+    return into

@@ -71,10 +71,11 @@ def node_to_proto(node: Node, opset_imports: dict[str, int]) -> onnx.NodeProto:
 
 
 def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *, ir_version: int = 10,
-                   is_subgraph: bool = False) -> onnx.GraphProto:
-    """GraphProto of a graph; initializers are listed among the inputs too when ir_version < 4."""
+                   is_subgraph: bool = False, into: onnx.GraphProto | None = None) -> onnx.GraphProto:
+    """GraphProto of a graph; initializers are listed among the inputs too when ir_version < 4.
+    into: an empty GraphProto to fill (e.g. `model.graph`: the weights are written once, not copied)."""
     opsets = opset_imports if opset_imports is not None else graph.opset_imports
-    gp = onnx.GraphProto()
+    gp = onnx.GraphProto() if into is None else into
     gp.name = graph.name
     if graph.doc_string:
         gp.doc_string = graph.doc_string
@@ -97,7 +98,7 @@ def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *,
                 gp.input.append(onnx.helper.make_tensor_value_info(name, elem, list(t.shape)))
     gp.output.extend(value_to_proto(v) for v in graph.outputs)
     for name, t in graph.initializers.items():
-        gp.initializer.append(tensor_to_proto(t, name, graph.initializer_types.get(name)))
+        tensor_to_proto(t, name, graph.initializer_types.get(name), into=gp.initializer.add())
     for raw in graph.opaque_initializers.values():
         gp.initializer.add().ParseFromString(raw)
     for raw in graph.sparse_initializers:
@@ -130,7 +131,7 @@ def to_onnx(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
         model.functions.add().ParseFromString(raw)
     for raw in info.training_info:
         model.training_info.add().ParseFromString(raw)
-    model.graph.CopyFrom(graph_to_proto(graph, ir_version=info.ir_version))
+    graph_to_proto(graph, ir_version=info.ir_version, into=model.graph)
     if check:
         check_model(model, f"graph '{graph.name}'")
     return model

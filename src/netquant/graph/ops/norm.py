@@ -129,14 +129,20 @@ def mvn(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> l
 @register_op("LRN")
 def lrn(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """y = x / (bias + alpha / size * sum_{c' in window(c)} x[c']^2) ** beta,
-    window(c) = [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)]."""
+    window(c) = [c - floor((size - 1) / 2), c + ceil((size - 1) / 2)] (channels outside [0, C) add nothing)."""
     x = inputs[0]
     size = attrs["size"]
     alpha, beta, bias = attrs.get("alpha", 1e-4), attrs.get("beta", 0.75), attrs.get("bias", 1.0)
     lo, hi = (size - 1) // 2, math.ceil((size - 1) / 2)
-    sq = F.pad(x * x, [0, 0] * (x.dim() - 2) + [lo, hi])  # channels padded with zeros: (N, C + size - 1, ...)
     channels = x.shape[1]
-    s = sq.narrow(1, 0, channels).clone()
-    for k in range(1, size):  # the window's sum as `size` shifted views (no pooling over a reshaped copy)
-        s += sq.narrow(1, k, channels)
-    return [x / (bias + alpha / size * s) ** beta]
+    sq = x * x
+    s = sq.clone()
+    for k in range(1, min(lo, channels - 1) + 1):  # the window's sum as shifted in-place adds (no padded copy)
+        s[:, k:] += sq[:, :channels - k]
+    for k in range(1, min(hi, channels - 1) + 1):
+        s[:, :channels - k] += sq[:, k:]
+    d = s.mul_(alpha / size).add_(bias)
+    if beta == 0.75:  # AlexNet / GoogLeNet's value: d^-0.75 = rsqrt(d) * sqrt(rsqrt(d)), 3x cheaper than pow
+        r = d.rsqrt_()
+        return [x * r * r.sqrt()]
+    return [x / d.pow_(beta)]
