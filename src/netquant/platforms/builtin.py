@@ -19,6 +19,7 @@ from netquant.platforms.platform import (
     OutputPolicy,
     Platform,
     Validation,
+    WiderFormat,
     depthwise_or_small,
     int32_bias_spec,
     is_depthwise,
@@ -311,6 +312,7 @@ QNN_DSP = _builtin(Platform(
     fusions=FULL_INTEGER_FUSIONS,
     activation_observer="minmax",
     weight_observer="minmax",
+    wider=WiderFormat(QuantSpec(bits=16, signed=False, symmetric=False), label="uint16 activations (A16W8)"),
     aliases=("snpe", "qnn"),
 ))
 
@@ -351,6 +353,8 @@ def _academic(bits: int, aliases: tuple[str, ...] = ()) -> Platform:
         weight_observer="minmax",
         bias_correction=True,
         min_opset=21 if bits == 4 else 13,
+        wider=WiderFormat(QuantSpec(bits=8, signed=False, symmetric=False), wgt.with_(bits=8), label="int8 (W8A8)")
+        if bits < 8 else None,
         aliases=aliases,
     )
 
