@@ -125,16 +125,26 @@ class RegionDecision:
         """How the region runs: 'int8', 'float', or the wider format's label."""
         return f"{self.decision}: {self.wider_format}" if self.decision == WIDER and self.wider_format else self.decision
 
-    def row(self) -> list[str]:
+    def row(self, wider: bool = False) -> list[str]:
         def f(x: float | None, fmt: str) -> str:
             return "-" if x is None else format(x, fmt)
 
         return [self.anchor, self.op_type, self.describe(), self.reason, f(self.fp32_ms, ".3f"), f(self.int8_ms, ".3f"),
-                f(self.loss_only, ".2e"), f(self.gain, ".2e"), f(self.wider_gain, ".2e")]
+                f(self.loss_only, ".2e"), f(self.gain, ".2e")] + ([f(self.wider_gain, ".2e")] if wider else [])
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, the wider-format ones only where set (files of platforms without one stay as they were)."""
+        d = asdict(self)
+        for k in WIDER_FIELDS:
+            if d[k] is None:
+                del d[k]
+        return d
 
 
+WIDER_FIELDS = ("wider_format", "wider_gain")
 ROW_HEADER = ["region (anchor op)", "type", "runs in", "why", "FP32 ms", "INT8 ms", "loss if only it is int8",
-              "loss saved if float", "loss saved if only it is wider"]
+              "loss saved if float"]
+WIDER_HEADER = "loss saved if only it is wider"
 
 
 @dataclass
@@ -161,7 +171,9 @@ class Placement:
         return [r.anchor for r in self.regions if r.decision == WIDER]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
+        data = asdict(self)
+        data["regions"] = [r.as_dict() for r in self.regions]
+        return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         write_text_atomic(path, self.to_json(), what="placement file")
@@ -188,7 +200,7 @@ class Placement:
                 "int8_regions": sum(r.decision == INT8 for r in self.regions),
                 "wider_regions": sum(r.decision == WIDER for r in self.regions),
                 "float_regions": sum(r.decision == FLOAT for r in self.regions),
-                "regions": [asdict(r) for r in self.regions]}
+                "regions": [r.as_dict() for r in self.regions]}
 
     def markdown(self) -> str:
         """The decision table of the report (--report x.md)."""
@@ -199,9 +211,11 @@ class Placement:
             lines += [self.note, ""]
         if "placed_ms" not in self.measured and "loss_placed" not in self.measured and self.note:
             return "\n".join(lines)  # not measured: no decision table to show
-        lines.append("| " + " | ".join(ROW_HEADER) + " |")
-        lines.append("|" + "---|" * len(ROW_HEADER))
-        lines += ["| " + " | ".join(r.row()) + " |" for r in self.regions]
+        wider = any(r.wider_gain is not None or r.decision == WIDER for r in self.regions)
+        header = ROW_HEADER + ([WIDER_HEADER] if wider else [])
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        lines += ["| " + " | ".join(r.row(wider)) + " |" for r in self.regions]
         return "\n".join(lines) + "\n"
 
 
@@ -455,28 +469,37 @@ class _Budget:
         """(wide, float) for platforms with a wider format; nothing when all regions in the platform's own format are
         within WIDER_SHARE x max_loss.
 
-        Each region's wider gain, loss(all narrow) - loss(only it wide), is measured; the regions it helps run wide,
-        the shortest prefix of them by gain within WIDER_SHARE x max_loss (bisected: the loss falls as the prefix
-        grows; all of them where no prefix reaches it). Where that is still above max_loss, regions go float on top
-        in the budget's greedy order (the most loss saved first) until it is within."""
+        Each region's wider gain, loss(all narrow) - loss(only it wide), orders the regions (most first); the wide set
+        is the shortest prefix of that order within WIDER_SHARE x max_loss, bisected (the loss falls as the prefix
+        grows) among the regions the gain helps, else among all of them; where neither the helped regions nor all
+        reach it, the lower-loss of those two. Where that is still above max_loss, regions go float on top in the
+        budget's greedy order (the most loss saved first) until it is within."""
         assert self.max_loss is not None
         target = WIDER_SHARE * self.max_loss
-        if self.loss(set()) <= target:
-            return set(), set()
         base = self.loss(set())
+        if base <= target:
+            return set(), set()
         gain = {a: base - self.wide_loss({a}) for a in sorted(self.s.by_anchor)}
-        order = sorted((a for a in gain if gain[a] > 0), key=lambda a: (-gain[a], a))
-        wide: set[str] = set()
-        if order:
-            lo, hi = 1, len(order)
-            if self.wide_loss(set(order)) <= target:
-                while lo < hi:  # the shortest prefix within the target
-                    mid = (lo + hi) // 2
-                    if self.wide_loss(set(order[:mid])) <= target:
-                        hi = mid
-                    else:
-                        lo = mid + 1
-            wide = set(order[:hi])
+        order = sorted(gain, key=lambda a: (-gain[a], a))
+        helped = sum(gain[a] > 0 for a in order) or len(order)
+
+        def within(k: int) -> bool:
+            return self.wide_loss(set(order[:k])) <= target
+
+        if within(helped):
+            lo, hi = 1, helped
+        elif within(len(order)):
+            lo, hi = helped + 1, len(order)
+        else:
+            best = min((helped, len(order)), key=lambda k: (self.wide_loss(set(order[:k])), k))
+            lo = hi = best
+        while lo < hi:  # the shortest prefix within the target
+            mid = (lo + hi) // 2
+            if within(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        wide = set(order[:hi])
         extra: set[str] = set()
         if self.wide_loss(wide) > self.max_loss:
             self.rank(sorted(self.s.by_anchor), set())
@@ -584,7 +607,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
         if a in wide:
             return Reason.WIDER
         if a in best:
-            return Reason.WIDER_NOT_ENOUGH if wide else Reason.BUDGET
+            return Reason.WIDER_NOT_ENOUGH if budget.wide is not None else Reason.BUDGET
         return Reason.NOT_TIMED
 
     placement.regions = _decisions(s, best, sens, reason_of, wide, gains)
