@@ -90,10 +90,16 @@ def widen(qgraph: QuantizedGraph, wide: QuantizedGraph, regions: Iterable[Region
                 lst[i] = wcfg
                 out.add(id(cfg))
                 swapped_in.add(id(wcfg))
-        for tensor in dict.fromkeys(qgraph.graph.node(name).inputs):
-            if tensor in wide.bias_corrections and wide.bias_corrections[tensor].op == name:
-                edit.corrections.append((tensor, qgraph.bias_corrections.get(tensor)))
-                qgraph.bias_corrections[tensor] = wide.bias_corrections[tensor]
+    # the biases corrected for the wide weights (passes.bias_correction; the bias may sit on a consumer: MatMul + Add)
+    members = set(ops)
+    for tensor, bc in wide.bias_corrections.items():
+        if bc.op in members:
+            edit.corrections.append((tensor, qgraph.bias_corrections.get(tensor)))
+            qgraph.bias_corrections[tensor] = bc
+    for tensor, bc in list(qgraph.bias_corrections.items()):
+        if bc.op in members and tensor not in wide.bias_corrections:
+            edit.corrections.append((tensor, bc))
+            del qgraph.bias_corrections[tensor]
     # wide configs sharing a wide quantizer no widened op emits: quantize at their own place with its params
     for lst, i, _ in edit.slots:
         cfg = lst[i]
