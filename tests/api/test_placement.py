@@ -226,6 +226,9 @@ def test_wider_format_before_float_and_its_placement_file(tmp_path):
     report = export_qdq(qm.qgraph, tmp_path / "m.onnx")
     assert report.validated and report.reference_only
 
+    twice = build_qdq_model(q(max_loss=all_int8).qgraph)[0].SerializeToString(deterministic=True)
+    assert twice == build_qdq_model(qm.qgraph)[0].SerializeToString(deterministic=True)  # deterministic
+
     path = qm.save_placement(tmp_path / "p.json")
     assert Placement.load(path).to_json() == path.read_text()
     again = quantize_onnx(conv_stack(), stack_batches(), "academic_int4", quiet=True, placement_from=str(path))
