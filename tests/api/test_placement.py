@@ -249,3 +249,15 @@ def test_platforms_without_a_wider_format_place_as_before():
     assert {r.decision for r in qm.placement.regions} == {"float"}
     assert all(r.wider_format is None and r.wider_gain is None for r in qm.placement.regions)
     assert qm.placement.summary()["wider_regions"] == 0
+
+
+def test_wider_format_from_a_graph_input():
+    """A netquant Graph input (edited in place by quantization) gets its wide twin from a copy taken before: the same
+    decisions as from the ONNX model."""
+    from netquant.graph import load_onnx
+
+    ref = quantize_onnx(conv_stack(), stack_batches(), "academic_int4", quiet=True, max_loss=0.02,
+                        placement_time_s=30.0)
+    from_graph = quantize_onnx(load_onnx(conv_stack()), stack_batches(), "academic_int4", quiet=True, max_loss=0.02,
+                               placement_time_s=30.0)
+    assert from_graph.placement.wider_anchors() == ref.placement.wider_anchors() != []

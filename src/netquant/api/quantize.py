@@ -102,13 +102,14 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
     source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
     # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
-    twin_graph = copy.deepcopy(graph) if s.platform.wider is not None and isinstance(model, Graph) else None
+    widens = s.platform.wider is not None and (s.objective is not None or s.placement_from is not None)
+    twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
     from netquant.api.placement import place
 
     wide = None
-    if s.platform.wider is not None and run.calib_data is not None and run.calib_data.num_batches is not None:
+    if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
         wide_settings = dataclasses.replace(s, platform=s.platform.widened(), objective=None, placement_from=None,
                                             quiet=True)
 
