@@ -9,6 +9,8 @@ region swaps, in place, each config of its ops for the wide graph's config at th
 - a config outside the regions that shared a swapped-out narrow config quantizes at its own place with the narrow
   params (ACTIVATED, as analysis.regions.keep_float does): narrow neighbours read the wide output converted back.
 So the fake-quant executor and the Q/DQ export (a Q/DQ pair per format where the formats meet) compute the same.
+These are the mixed-precision Q/DQ models of onnxruntime's quantizer for QNN (tensor_quant_overrides, ORT PR 19925):
+regions of different activation types, converted where they meet by a DQ -> Q sequence (e.g. uint8 to uint16).
 `WideEdit.undo` restores everything.
 """
 
