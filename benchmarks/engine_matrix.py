@@ -419,13 +419,19 @@ def export_file(qm: Any, path: Path) -> tuple[str, list[str]]:
 
 
 def placement_note(qm: Any) -> str | None:
-    """'placement: N region(s) kept float (...)' when placement floated regions, None otherwise."""
+    """'placement: N region(s) kept float (...)' when placement floated regions (and 'M in <the platform's wider
+    format>' when it widened some), None otherwise."""
     placement = getattr(qm, "placement", None)
     anchors = list(placement.float_anchors()) if placement is not None and hasattr(placement, "float_anchors") else []
-    if not anchors:
+    wide = list(placement.wider_anchors()) if placement is not None and hasattr(placement, "wider_anchors") else []
+    if not anchors and not wide:
         return None
     shown = ", ".join(anchors[:4]) + (", ..." if len(anchors) > 4 else "")
-    return f"placement: {len(anchors)} region(s) kept float ({shown})"
+    parts = [f"{len(anchors)} region(s) kept float ({shown})"] if anchors else []
+    if wide:
+        label = next((r.wider_format for r in placement.regions if r.wider_format), "the wider format")
+        parts.append(f"{len(wide)} of {len(placement.regions)} region(s) in {label}")
+    return "placement: " + "; ".join(parts)
 
 
 def measure(task: Task, platform: str, suffix: str, engine_key: str, work: Path, fp32_cache: dict[str, Any],

@@ -194,3 +194,70 @@ def test_untimed_platform_gets_the_accuracy_budget_alone(tmp_path):
     report = export_qdq(qm.qgraph, tmp_path / "m.onnx")
     assert report.validated and report.reference_only
     assert report.quantized_ops and not any(op in report.quantized_ops for r in floated for op in r.ops)
+
+
+def test_wider_format_before_float_and_its_placement_file(tmp_path):
+    """academic_int4 names int8 (W8A8) as its wider format: the budget runs the regions in it, the most helped first,
+    until the fake-quant loss (recomputed here) is within WIDER_SHARE x max_loss, floats none while that is enough,
+    and floats on top only when it is not (max_loss 0); the placement file re-applies the wide regions to the same
+    file, and the exported file runs what the placement decided."""
+    from netquant.analysis.sensitivity import LossMeter
+    from netquant.api.placement import WIDER_SHARE
+    from netquant.export import export_qdq
+
+    def q(**kw):
+        return quantize_onnx(conv_stack(), stack_batches(), "academic_int4", quiet=True, placement_time_s=30.0, **kw)
+
+    free = q(max_loss=1.0)
+    assert {r.decision for r in free.placement.regions} == {"int8"}
+    all_int8 = free.placement.measured["loss_all_int8"]
+    qm = q(max_loss=all_int8)
+    p = qm.placement
+    wide = [r for r in p.regions if r.decision == "wider"]
+    assert wide and not p.float_anchors() and p.wider_anchors() == [r.anchor for r in wide]
+    assert all(r.reason == Reason.WIDER and r.wider_format == "int8 (W8A8)" for r in wide)
+    assert all(r.wider_gain is not None and r.wider_gain > 0 for r in wide)
+    assert p.measured["loss_placed"] <= WIDER_SHARE * all_int8 < p.measured["loss_all_int8"]
+    meter = LossMeter(qm.qgraph, [{k: v[:4] for k, v in qm.qgraph.validation_batches[0].items()}])
+    assert meter.loss([]) == pytest.approx(p.measured["loss_placed"], rel=1e-9)  # the graph runs the decision
+    summary = qm.summary()["placement"]
+    assert summary["wider_regions"] == len(wide) and summary["float_regions"] == 0
+    assert "wider: int8 (W8A8)" in p.markdown()
+    report = export_qdq(qm.qgraph, tmp_path / "m.onnx")
+    assert report.validated and report.reference_only
+
+    twice = build_qdq_model(q(max_loss=all_int8).qgraph)[0].SerializeToString(deterministic=True)
+    assert twice == build_qdq_model(qm.qgraph)[0].SerializeToString(deterministic=True)  # deterministic
+
+    path = qm.save_placement(tmp_path / "p.json")
+    assert Placement.load(path).to_json() == path.read_text()
+    again = quantize_onnx(conv_stack(), stack_batches(), "academic_int4", quiet=True, placement_from=str(path))
+    assert again.placement.wider_anchors() == p.wider_anchors() and not again.placement.float_anchors()
+    a = build_qdq_model(qm.qgraph)[0].SerializeToString(deterministic=True)
+    b = build_qdq_model(again.qgraph)[0].SerializeToString(deterministic=True)
+    assert a == b
+
+    strict = q(max_loss=0.0)  # no wide placement reaches 0: every region float, after the wider format was tried
+    assert strict.placement.float_anchors() == [r.anchor for r in strict.placement.regions]
+    assert all(r.reason == Reason.WIDER_NOT_ENOUGH for r in strict.placement.regions)
+    assert strict.placement.measured["loss_placed"] == 0.0
+
+
+def test_platforms_without_a_wider_format_place_as_before():
+    """A platform without Platform.wider never calibrates a wide twin: decisions are int8 or float only."""
+    qm = quantize_onnx(conv_stack(), stack_batches(), "academic_int8", quiet=True, max_loss=0.0, placement_time_s=30.0)
+    assert {r.decision for r in qm.placement.regions} == {"float"}
+    assert all(r.wider_format is None and r.wider_gain is None for r in qm.placement.regions)
+    assert qm.placement.summary()["wider_regions"] == 0
+
+
+def test_wider_format_from_a_graph_input():
+    """A netquant Graph input (edited in place by quantization) gets its wide twin from a copy taken before: the same
+    decisions as from the ONNX model."""
+    from netquant.graph import load_onnx
+
+    ref = quantize_onnx(conv_stack(), stack_batches(), "academic_int4", quiet=True, max_loss=0.02,
+                        placement_time_s=30.0)
+    from_graph = quantize_onnx(load_onnx(conv_stack()), stack_batches(), "academic_int4", quiet=True, max_loss=0.02,
+                               placement_time_s=30.0)
+    assert from_graph.placement.wider_anchors() == ref.placement.wider_anchors() != []

@@ -256,3 +256,24 @@ def small_proto(arr, name):
     from onnx import numpy_helper
 
     return numpy_helper.from_array(arr, name)
+
+
+def test_wider_formats_are_declared_where_the_engine_runs_them():
+    """qnn_dsp falls back to uint16 activations with its int8 weights (QNN HTP A16W8), academic_int4 to 8-bit
+    activations and weights; every other preset has no wider format (INT8-or-float placement, as before)."""
+    from netquant.platforms import BUILTIN_PLATFORMS, WiderFormat
+
+    with_wider = {p.name for p in BUILTIN_PLATFORMS if p.wider is not None}
+    assert with_wider == {"qnn_dsp", "academic_int4"}
+    qnn = get_platform("qnn_dsp").widened()
+    assert (qnn.activation.bits, qnn.activation.signed, qnn.activation.symmetric) == (16, False, False)
+    assert (qnn.activation.qmin, qnn.activation.qmax) == (0, 65535)
+    assert qnn.weight == get_platform("qnn_dsp").weight and qnn.wider is None
+    a4 = get_platform("academic_int4").widened()
+    assert (a4.activation.bits, a4.weight.bits, a4.weight.granularity) == (8, 8, Granularity.PER_CHANNEL)
+    assert "wider fallback uint16 activations (A16W8)" in get_platform("qnn_dsp").scheme()
+    with pytest.raises(ConfigError, match="no wider format"):
+        get_platform("onnxruntime_int8").widened()
+    with pytest.raises(ConfigError, match="integer format"):
+        WiderFormat(QuantSpec(fmt=QuantFormat.FP8_E4M3))
+    assert WiderFormat(QuantSpec(bits=16, signed=True)).label == "int16 activations"

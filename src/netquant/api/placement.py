@@ -20,7 +20,10 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 BALANCED / ACCURACY first time the all-INT8 file against the user's FP32 model (wall clock, interleaved, within
 WALL_BUDGET_S); when it is no slower and within the budget that decides, and steps 2-6 run only while the time cap
 (TIME_SHARE of the quantization time, at least MIN_TIME_S) leaves room for them. Platforms whose engine is not timed
-here get step 4 alone (`_budget_only`).
+here get step 4 alone (`_budget_only`); where the platform names a wider integer format (Platform.wider: QNN HTP's
+uint16 activations, int8 for a 4-bit scheme), the regions the budget needs run in that format first (the most
+sensitive first, as many as the budget needs), and only if every region wide is still not within max_loss do the
+most sensitive ones go float (analysis.wider).
 
 The result is a `Placement`, saved as JSON (`Placement.save`) and re-applied without measuring (`placement_from`).
 """
@@ -32,6 +35,7 @@ import json
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +55,7 @@ from netquant.analysis.profile import (
 )
 from netquant.analysis.regions import find_regions, keep_float
 from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
+from netquant.analysis.wider import check_twin, widen
 from netquant.atomic import write_text_atomic
 from netquant.errors import ConfigError, ExportError
 from netquant.export.ort_kernels import INT8_KERNEL_OPS
@@ -71,6 +76,11 @@ WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 run
 WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
+# platforms with a wider format (Platform.wider) widen regions until the loss is within this share of max_loss: a wide
+# region stays integer on the engine, so it buys accuracy more cheaply than a float one. Measured (Q/DQ reference
+# semantics, 64 calibration / 200 held-out lines, FP32 100%): academic_int4 classifier at max_loss 0.02 -> 40 of 53
+# regions int8 (W8A8), 90.0% (as the 36 floats of the budget alone); 0.005 -> 50 wide, 99.5%; 0.002 -> 52, 100%
+WIDER_SHARE = 0.25
 
 
 class Reason:
@@ -84,6 +94,14 @@ class Reason:
     KEPT = "kept int8: the model stays faster than FP32"
     WHOLE_MODEL = "int8: the all-INT8 model is no slower than the source (per-region times not profiled)"
     NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
+    WIDER = "accuracy budget: the platform's wider format"
+    WIDER_NOT_ENOUGH = "accuracy budget: float (every region in the wider format is not enough)"
+
+
+# decisions of a region (RegionDecision.decision)
+INT8, WIDER, FLOAT = "int8", "wider", "float"
+# the wide-format graph of a model (the same model calibrated with Platform.widened()), built when first needed
+WideFactory = Callable[[], QuantizedGraph]
 
 
 @dataclass
@@ -93,24 +111,40 @@ class RegionDecision:
     anchor: str
     op_type: str
     ops: list[str]
-    decision: str  # "int8" | "float"
+    decision: str  # INT8 ("int8": the platform's own format) | WIDER ("wider": Platform.wider) | FLOAT ("float")
     reason: str
     int8_ms: float | None = None
     fp32_ms: float | None = None
     loss_only: float | None = None
     loss_all_but: float | None = None
     gain: float | None = None
+    wider_format: str | None = None  # the wider format's label where decision is WIDER
+    wider_gain: float | None = None  # loss(all in the platform's format) - loss(only this region wide)
 
-    def row(self) -> list[str]:
+    def describe(self) -> str:
+        """How the region runs: 'int8', 'float', or the wider format's label."""
+        return f"{self.decision}: {self.wider_format}" if self.decision == WIDER and self.wider_format else self.decision
+
+    def row(self, wider: bool = False) -> list[str]:
         def f(x: float | None, fmt: str) -> str:
             return "-" if x is None else format(x, fmt)
 
-        return [self.anchor, self.op_type, self.decision, self.reason, f(self.fp32_ms, ".3f"), f(self.int8_ms, ".3f"),
-                f(self.loss_only, ".2e"), f(self.gain, ".2e")]
+        return [self.anchor, self.op_type, self.describe(), self.reason, f(self.fp32_ms, ".3f"), f(self.int8_ms, ".3f"),
+                f(self.loss_only, ".2e"), f(self.gain, ".2e")] + ([f(self.wider_gain, ".2e")] if wider else [])
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, the wider-format ones only where set (files of platforms without one stay as they were)."""
+        d = asdict(self)
+        for k in WIDER_FIELDS:
+            if d[k] is None:
+                del d[k]
+        return d
 
 
+WIDER_FIELDS = ("wider_format", "wider_gain")
 ROW_HEADER = ["region (anchor op)", "type", "runs in", "why", "FP32 ms", "INT8 ms", "loss if only it is int8",
               "loss saved if float"]
+WIDER_HEADER = "loss saved if only it is wider"
 
 
 @dataclass
@@ -130,10 +164,16 @@ class Placement:
     format: str = FORMAT
 
     def float_anchors(self) -> list[str]:
-        return [r.anchor for r in self.regions if r.decision == "float"]
+        return [r.anchor for r in self.regions if r.decision == FLOAT]
+
+    def wider_anchors(self) -> list[str]:
+        """The regions that run in the platform's wider format (Platform.wider)."""
+        return [r.anchor for r in self.regions if r.decision == WIDER]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=1, sort_keys=False) + "\n"
+        data = asdict(self)
+        data["regions"] = [r.as_dict() for r in self.regions]
+        return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
         write_text_atomic(path, self.to_json(), what="placement file")
@@ -157,9 +197,10 @@ class Placement:
         """The decisions and totals for QuantizedModel.summary()."""
         return {"objective": self.objective, "max_loss": self.max_loss, "loss_metric": self.loss_metric,
                 "host": dict(self.host), "measured": dict(self.measured), "note": self.note,
-                "int8_regions": sum(r.decision == "int8" for r in self.regions),
-                "float_regions": sum(r.decision == "float" for r in self.regions),
-                "regions": [asdict(r) for r in self.regions]}
+                "int8_regions": sum(r.decision == INT8 for r in self.regions),
+                "wider_regions": sum(r.decision == WIDER for r in self.regions),
+                "float_regions": sum(r.decision == FLOAT for r in self.regions),
+                "regions": [r.as_dict() for r in self.regions]}
 
     def markdown(self) -> str:
         """The decision table of the report (--report x.md)."""
@@ -170,9 +211,11 @@ class Placement:
             lines += [self.note, ""]
         if "placed_ms" not in self.measured and "loss_placed" not in self.measured and self.note:
             return "\n".join(lines)  # not measured: no decision table to show
-        lines.append("| " + " | ".join(ROW_HEADER) + " |")
-        lines.append("|" + "---|" * len(ROW_HEADER))
-        lines += ["| " + " | ".join(r.row()) + " |" for r in self.regions]
+        wider = any(r.wider_gain is not None or r.decision == WIDER for r in self.regions)
+        header = ROW_HEADER + ([WIDER_HEADER] if wider else [])
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "---|" * len(header))
+        lines += ["| " + " | ".join(r.row(wider)) + " |" for r in self.regions]
         return "\n".join(lines) + "\n"
 
 
@@ -233,19 +276,32 @@ def timed(qgraph: QuantizedGraph) -> bool:
 
 
 def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float,
-          source: onnx.ModelProto | None = None) -> Placement | None:
+          source: onnx.ModelProto | None = None, wide: WideFactory | None = None) -> Placement | None:
     """Apply a placement to `qgraph` (in place): from settings.placement_from, else measured (search_placement).
-    source: the user's FP32 model, the speed BALANCED / ACCURACY must not fall below (default: the cleaned graph)."""
+    source: the user's FP32 model, the speed BALANCED / ACCURACY must not fall below (default: the cleaned graph).
+    wide: builds the model calibrated in the platform's wider format (Platform.wider; None: no wider step)."""
     if settings.placement_from is not None:
-        return apply_placement_file(qgraph, settings.placement_from)
+        return apply_placement_file(qgraph, settings.placement_from, wide)
     if not applies(settings, qgraph):
         return None
     budget = settings.placement_time_s if settings.placement_time_s is not None else max(MIN_TIME_S, TIME_SHARE * elapsed_s)
-    return search_placement(qgraph, settings, time_budget_s=budget, source=source)
+    return search_placement(qgraph, settings, time_budget_s=budget, source=source, wide=wide)
 
 
-def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str]) -> Placement:
-    """Keep in float the regions a placement file says, after checking it was made for this model and platform."""
+def _wide_graph(qgraph: QuantizedGraph, wide: WideFactory | None, what: str) -> QuantizedGraph:
+    """The wide-format twin of `qgraph` from `wide` (ConfigError naming `what` when there is none)."""
+    if wide is None or qgraph.platform.wider is None:
+        raise ConfigError(f"{what} runs regions in the wider format, but platform '{qgraph.platform.name}' has none "
+                          "here (Platform.wider; the calibration data must be a list, not a one-shot stream)")
+    twin = wide()
+    check_twin(qgraph, twin)
+    return twin
+
+
+def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
+                         wide: WideFactory | None = None) -> Placement:
+    """Keep in float (run in the wider format) the regions a placement file says, after checking it was made for this
+    model and platform."""
     placement = Placement.load(path)
     digest = model_hash(qgraph)
     if placement.model_sha256 != digest:
@@ -256,10 +312,14 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str]) -
         raise ConfigError(f"placement file '{path}' is for platform '{placement.platform}', not "
                           f"'{qgraph.platform.name}'")
     regions = {r.anchor: r for r in find_regions(qgraph)}
-    missing = [a for a in placement.float_anchors() if a not in regions]
+    missing = [a for a in placement.float_anchors() + placement.wider_anchors() if a not in regions]
     if missing:
-        raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float, but this "
-                          "quantized graph has no such region (other quantization settings?); measure again")
+        raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float or the wider "
+                          "format, but this quantized graph has no such region (other quantization settings?); measure "
+                          "again")
+    if placement.wider_anchors():
+        twin = _wide_graph(qgraph, wide, f"placement file '{path}'")
+        widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
     placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
     return placement
@@ -357,11 +417,15 @@ class _Budget:
     """The accuracy budget of one search: the fake-quant loss of a float set (memoised; 0 without a budget) and the
     greedy choice of regions to float until it is within max_loss."""
 
-    def __init__(self, s: _Search, max_loss: float | None, objective: Objective) -> None:
+    def __init__(self, s: _Search, max_loss: float | None, objective: Objective,
+                 wide: WideFactory | None = None) -> None:
         self.s = s
         self.max_loss = max_loss
         self.objective = objective
+        self.wide_factory = wide if s.qgraph.platform.wider is not None else None
+        self.wide: QuantizedGraph | None = None
         self.loss_of: dict[frozenset[str], float] = {}
+        self.wide_loss_of: dict[tuple[frozenset[str], frozenset[str]], float] = {}
         self.marginal: dict[str, Sensitivity] = {}
         self.local: dict[str, float] = {}
         self.meter: LossMeter | None = None
@@ -379,6 +443,80 @@ class _Budget:
         if key not in self.loss_of:
             self.loss_of[key] = self.meter.loss([self.s.by_anchor[a] for a in sorted(fl)])
         return self.loss_of[key]
+
+    def wide_loss(self, wide: set[str] | frozenset[str], fl: set[str] | frozenset[str] = frozenset()) -> float:
+        """The loss with the regions `wide` in the wider format and `fl` in float (memoised)."""
+        if not wide:
+            return self.loss(fl)
+        key = (frozenset(wide), frozenset(fl))
+        if self.meter is None:
+            return 0.0
+        if key not in self.wide_loss_of:
+            if self.wide is None:
+                self.wide = _wide_graph(self.s.qgraph, self.wide_factory, "the accuracy budget")
+            with widen(self.s.qgraph, self.wide, [self.s.by_anchor[a] for a in sorted(wide)]):
+                self.wide_loss_of[key] = self.loss_of_meter(fl)
+        return self.wide_loss_of[key]
+
+    def loss_of_meter(self, fl: set[str] | frozenset[str]) -> float:
+        assert self.meter is not None
+        return self.meter.loss([self.s.by_anchor[a] for a in sorted(fl)])
+
+    def has_wider(self) -> bool:
+        return self.wide_factory is not None and self.meter is not None and self.max_loss is not None
+
+    def fill_wider(self) -> tuple[set[str], set[str]]:
+        """(wide, float) for platforms with a wider format; nothing when all regions in the platform's own format are
+        within WIDER_SHARE x max_loss.
+
+        Each region's wider gain, loss(all narrow) - loss(only it wide), orders the regions (most first); the wide set
+        is the shortest prefix of that order within WIDER_SHARE x max_loss, bisected (the loss falls as the prefix
+        grows) among the regions the gain helps, else among all of them; where neither the helped regions nor all
+        reach it, the lower-loss of those two. Where that is still above max_loss, regions go float on top in the
+        budget's greedy order (the most loss saved first) until it is within."""
+        assert self.max_loss is not None
+        target = WIDER_SHARE * self.max_loss
+        base = self.loss(set())
+        if base <= target:
+            return set(), set()
+        gain = {a: base - self.wide_loss({a}) for a in sorted(self.s.by_anchor)}
+        order = sorted(gain, key=lambda a: (-gain[a], a))
+        helped = sum(gain[a] > 0 for a in order) or len(order)
+
+        def within(k: int) -> bool:
+            return self.wide_loss(set(order[:k])) <= target
+
+        if within(helped):
+            lo, hi = 1, helped
+        elif within(len(order)):
+            lo, hi = helped + 1, len(order)
+        else:
+            best = min((helped, len(order)), key=lambda k: (self.wide_loss(set(order[:k])), k))
+            lo = hi = best
+        while lo < hi:  # the shortest prefix within the target
+            mid = (lo + hi) // 2
+            if within(mid):
+                hi = mid
+            else:
+                lo = mid + 1
+        wide = set(order[:hi])
+        extra: set[str] = set()
+        if self.wide_loss(wide) > self.max_loss:
+            self.rank(sorted(self.s.by_anchor), set())
+            for a in sorted(self.s.by_anchor, key=lambda a: (-self.score(a)[0], a)):
+                if self.wide_loss(wide | extra, extra) <= self.max_loss:
+                    break
+                extra.add(a)
+        return wide - extra, extra
+
+    def wider_gains(self, anchors: list[str], deadline: float) -> dict[str, float]:
+        """loss(all narrow) - loss(only that region wide) for `anchors`, until `deadline`."""
+        out: dict[str, float] = {}
+        for a in anchors:
+            if time.perf_counter() > deadline:
+                break
+            out[a] = self.loss(set()) - self.wide_loss({a})
+        return out
 
     def saved_ms(self, a: str) -> float:
         """What keeping `a` in float saves in time (0 where not timed)."""
@@ -403,13 +541,19 @@ class _Budget:
             left = [a for a in sorted(s.by_anchor) if a not in fixed | extra | exclude]
             if not left:
                 break
-            if not self.marginal:  # measured once, when the budget first needs it
-                self.local.update(region_output_nsr(self.meter, s.regions))
-                order = sorted((s.by_anchor[a] for a in left), key=lambda r: (-self.saved_ms(r.anchor), r.anchor))
-                self.marginal.update(region_sensitivity(self.meter, order, [s.by_anchor[a] for a in sorted(fixed)],
-                                                        deadline=s.deadline, only=False)[1])
+            self.rank(left, fixed)
             extra.add(max(left, key=self.score))
         return extra
+
+    def rank(self, left: list[str], fixed: set[str]) -> None:
+        """Measure what floating each of `left` saves on top of `fixed` (once, when the budget first needs it)."""
+        if self.marginal or self.meter is None:
+            return
+        s = self.s
+        self.local.update(region_output_nsr(self.meter, s.regions))
+        order = sorted((s.by_anchor[a] for a in left), key=lambda r: (-self.saved_ms(r.anchor), r.anchor))
+        self.marginal.update(region_sensitivity(self.meter, order, [s.by_anchor[a] for a in sorted(fixed)],
+                                                deadline=s.deadline, only=False)[1])
 
     def report(self, best: frozenset[str], deadline: float) -> dict[str, Sensitivity]:
         """Each region's sensitivity (vs all INT8) for the report, placed regions first, until `deadline`."""
@@ -427,31 +571,58 @@ class _Budget:
 
 
 def _decisions(s: _Search, best: frozenset[str], sens: dict[str, Sensitivity],
-               reason_of: Any) -> list[RegionDecision]:
-    """One RegionDecision per region: float where in `best`, with reason_of(anchor) and its times / losses."""
+               reason_of: Any, wide: frozenset[str] = frozenset(), wider_gain: dict[str, float] | None = None
+               ) -> list[RegionDecision]:
+    """One RegionDecision per region: float where in `best`, the wider format where in `wide`, with reason_of(anchor)
+    and its times / losses."""
     out = []
+    label = s.qgraph.platform.wider.label if s.qgraph.platform.wider is not None else None
     for r in s.regions:
         a, se = r.anchor, sens.get(r.anchor)
         t8, t32 = s.t8.get(a), s.t32.get(a)
-        out.append(RegionDecision(a, r.op_type, list(r.ops), "float" if a in best else "int8", reason_of(a),
+        decision = FLOAT if a in best else WIDER if a in wide else INT8
+        g = (wider_gain or {}).get(a)
+        out.append(RegionDecision(a, r.op_type, list(r.ops), decision, reason_of(a),
                                   None if t8 is None else round(t8, 4), None if t32 is None else round(t32, 4),
-                                  se.only if se else None, se.all_but if se else None, se.gain if se else None))
+                                  se.only if se else None, se.all_but if se else None, se.gain if se else None,
+                                  label if decision == WIDER else None, None if g is None else float(f"{g:.6g}")))
     return out
 
 
 def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float, time_budget_s: float) -> Placement:
-    """Platforms whose engine is not timed here: the regions the accuracy budget needs stay float, the rest INT8."""
-    best = frozenset(budget.fill(set(), set()))
-    sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
+    """Platforms whose engine is not timed here: the regions the accuracy budget needs run in the platform's wider
+    format (if it has one) or, where that is not enough, stay float; the rest INT8."""
+    wide_set, floats = budget.fill_wider() if budget.has_wider() else (set(), budget.fill(set(), set()))
+    best, wide = frozenset(floats), frozenset(wide_set)
+    report_end = min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s)
+    sens = budget.report(best | wide, report_end)
+    gains = budget.wider_gains(sorted(wide | best), report_end) if wide else {}
+    if wide:
+        assert budget.wide is not None
+        widen(s.qgraph, budget.wide, [s.by_anchor[a] for a in sorted(wide | best)])
     keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(best)])
     engine = s.qgraph.platform.validation.value
-    placement.regions = _decisions(s, best, sens, lambda a: Reason.BUDGET if a in best else Reason.NOT_TIMED)
+
+    def reason_of(a: str) -> str:
+        if a in wide:
+            return Reason.WIDER
+        if a in best:
+            return Reason.WIDER_NOT_ENOUGH if budget.wide is not None else Reason.BUDGET
+        return Reason.NOT_TIMED
+
+    placement.regions = _decisions(s, best, sens, reason_of, wide, gains)
     placement.measured = {"loss_all_int8": budget.loss_of.get(frozenset()),
-                          "loss_placed": budget.loss(best) if budget.meter is not None else None,
+                          "loss_placed": (budget.wide_loss(wide | best, best) if wide else budget.loss(best))
+                          if budget.meter is not None else None,
                           "loss_passes": budget.meter.calls if budget.meter else 0,
                           "seconds": round(time.perf_counter() - start, 6)}
+    if wide:
+        placement.measured["loss_all_wider"] = budget.wide_loss_of.get((frozenset(s.by_anchor), frozenset()))
     placement.note = (f"speed not measured (the platform's engine, {engine}, is not timed here): the accuracy budget "
-                      "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8"))
+                      "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8")
+                      + (f"; {len(wide)} region(s) in the wider format ({s.qgraph.platform.wider.label}), the most "
+                         f"sensitive first, until the loss is within {WIDER_SHARE} x max_loss"
+                         if wide and s.qgraph.platform.wider is not None else ""))
     return placement
 
 
@@ -472,7 +643,7 @@ def _all_int8_unprofiled(s: _Search, budget: _Budget, placement: Placement, meas
 
 
 def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0,
-                     source: onnx.ModelProto | None = None) -> Placement:
+                     source: onnx.ModelProto | None = None, wide: WideFactory | None = None) -> Placement:
     """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it.
     Platforms other than onnxruntime CPU: the accuracy budget alone (_budget_only)."""
     start = time.perf_counter()
@@ -488,7 +659,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
                              for r in s.regions]
         return placement
     if not timed(qgraph):
-        return _budget_only(s, _Budget(s, max_loss, objective), placement, start, time_budget_s)
+        return _budget_only(s, _Budget(s, max_loss, objective, wide), placement, start, time_budget_s)
     weights = sum(int(qgraph.graph.initializers[i].numel()) for r in s.regions for op in r.ops
                   for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
     if weights < MIN_WEIGHTS:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import os
 import time
 import warnings
@@ -18,6 +20,7 @@ from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
 from netquant.passes.ptq import run_ptq
+from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
 from netquant.platforms import Platform
 from netquant.platforms.platform import Validation
@@ -98,12 +101,24 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     _check_float32(graph, source)
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
     source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
+    # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
+    widens = s.platform.wider is not None and (s.objective is not None or s.placement_from is not None)
+    twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
     from netquant.api.placement import place
 
+    wide = None
+    if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
+        wide_settings = dataclasses.replace(s, platform=s.platform.widened(), objective=None, placement_from=None,
+                                            quiet=True)
+
+        def wide() -> QuantizedGraph:
+            twin = twin_graph if twin_graph is not None else _load(model)[0]
+            return run_ptq(twin, calib_data, wide_settings, extra_passes=passes).qgraph
+
     t1 = time.perf_counter()
-    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model)  # objective / placement_from: measured INT8-or-float per region
+    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)  # objective / placement_from: measured INT8-or-float per region
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0

@@ -41,8 +41,11 @@ class QdqStats:
 
 
 def _storage(spec: QuantSpec, constant: bool) -> torch.dtype:
-    """Storage dtype in the file; symmetric 9..32-bit constants are stored as int32 (zero point 0)."""
+    """Storage dtype in the file; symmetric 9..32-bit constants are stored as int32 (zero point 0); unsigned
+    9..16-bit ranges as uint16 (QuantizeLinear takes no int32 zero point; uint16 Q/DQ: opset 21)."""
     dtype = spec.storage_dtype
+    if dtype == torch.int32 and not spec.is_float and spec.qmin >= 0 and spec.qmax <= 65535:
+        return torch.uint16
     if constant and not spec.is_float and dtype not in (torch.int8, torch.uint8) and spec.symmetric and spec.signed:
         return torch.int32
     return dtype

@@ -13,6 +13,7 @@ from netquant.platforms.platform import (
     OutputPolicy,
     Platform,
     Validation,
+    WiderFormat,
     int32_bias_spec,
     known_op_types,
     standard_rule,
@@ -36,4 +37,5 @@ __all__ = [
     "standard_rule",
     "unregister_platform",
     "Validation",
+    "WiderFormat",
 ]

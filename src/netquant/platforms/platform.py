@@ -176,6 +176,27 @@ OpHook = Callable[["OpQuantConfig", "Graph"], None]
 
 
 @dataclass(frozen=True)
+class WiderFormat:
+    """The wider integer format the engine also runs (mixed precision): where a region of the platform's own format
+    costs too much accuracy, placement runs it in this one before it falls back to float.
+
+    activation: the activation spec of widened regions (e.g. uint16 affine: QNN HTP's A16W8).
+    weight: their weight spec (None: the platform's; a per-channel spec gets each op's channel axis).
+    label: how reports and placement files name the format ("uint16 activations", "int8 (W8A8)").
+    """
+
+    activation: QuantSpec
+    weight: QuantSpec | None = None
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        if self.activation.is_float or (self.weight is not None and self.weight.is_float):
+            raise ConfigError("a WiderFormat is an integer format (float fallback is placement's last step)")
+        if not self.label:
+            object.__setattr__(self, "label", f"{self.activation.describe().split(',')[0]} activations")
+
+
+@dataclass(frozen=True)
 class Platform:
     """A target engine's quantization scheme.
 
@@ -213,6 +234,8 @@ class Platform:
     # fold the mean output shift of weight quantization into the biases (netquant.passes.bias_correction)
     bias_correction: bool = False
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
+    # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
+    wider: WiderFormat | None = None
 
     @property
     def export_format(self) -> ExportFormat:
@@ -299,6 +322,13 @@ class Platform:
             hook = _chain_hooks(self.op_hook, limit_weight_pairs)
         return replace(self, cpu_target=cpu, weight_scheme=chosen, weight=weight, op_hook=hook)
 
+    def widened(self) -> Platform:
+        """This platform with its wider format as its own (every region wide): what placement calibrates the wide
+        regions with. ConfigError where the platform has none."""
+        if self.wider is None:
+            raise ConfigError(f"platform '{self.name}' has no wider format (Platform.wider)")
+        return replace(self, activation=self.wider.activation, weight=self.wider.weight or self.weight, wider=None)
+
     # ---- queries -------------------------------------------------------------------------
     @property
     def quantizable_op_types(self) -> list[str]:
@@ -330,8 +360,9 @@ class Platform:
         bias = self.bias.describe() if self.bias is not None else "float"
         cpu = (f"; CPU target {self.cpu_target.value}, weights {self.weight_scheme.value if self.weight_scheme else 'auto'}"
                if self.cpu_target is not None else "")
+        wider = f"; wider fallback {self.wider.label}" if self.wider is not None else ""
         return (f"act {self.activation.describe()} [{self.activation_observer}]; "
-                f"weight {self.weight.describe()} [{self.weight_observer}]; bias {bias}{cpu}")
+                f"weight {self.weight.describe()} [{self.weight_observer}]; bias {bias}{cpu}{wider}")
 
 
 def _chain_hooks(first: OpHook | None, second: OpHook) -> OpHook:
