@@ -104,11 +104,11 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
 
 
 def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
-                  runs: int = 8, threads: int = 1, budget_s: float | None = None) -> list[float]:
+                  runs: int = 8, threads: int = 1, budget_s: float | None = None, min_rounds: int = 3) -> list[float]:
     """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
     interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms).
-    budget_s: fewer runs per round (down to 1) where `rounds` x `runs` of every model would take longer, going by
-    the warm-up runs (a large model's single runs vary less)."""
+    budget_s: fewer runs per round (down to 1), then fewer rounds (down to min_rounds), where `rounds` x `runs` of
+    every model would take longer, going by the warm-up runs (a large model's single runs vary less)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -129,6 +129,7 @@ def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndar
             call()
         one_round_s = time.perf_counter() - start
         runs = max(1, min(runs, int(budget_s / max(rounds * one_round_s, 1e-9))))
+        rounds = max(min(rounds, min_rounds), min(rounds, int(budget_s / max(one_round_s, 1e-9))))
     return interleaved_ms(calls, per_round=runs, rounds=rounds, warmup=0 if budget_s is not None else 1)
 
 

@@ -68,7 +68,7 @@ MAX_ROUNDS = 3
 DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
 MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
 MIN_TIME_S = 0.5
-TIME_SHARE = 0.25  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+TIME_SHARE = 0.15  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
 PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
 PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
@@ -353,7 +353,7 @@ class _Search:
         key = frozenset(float_set)
         if key not in self.built:
             with keep_float(self.qgraph, [self.by_anchor[a] for a in sorted(float_set)]):
-                self.built[key] = build_qdq_model(self.qgraph)[0]
+                self.built[key] = build_qdq_model(self.qgraph, share=True)[0]
         return self.built[key]
 
     def profile(self, float_set: set[str]) -> OrtProfile:

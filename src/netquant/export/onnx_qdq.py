@@ -192,14 +192,54 @@ def fp32_onnx(qgraph: QuantizedGraph) -> onnx.ModelProto:
     return _fp32_base(qgraph, required_opset(qgraph), None).fp32
 
 
-def build_qdq_model(qmodel: Exportable, *, opset: int | None = None,
-                    feeds: dict[str, Any] | None = None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
+def quant_state(qgraph: QuantizedGraph) -> tuple[Any, ...]:
+    """What a QDQ build depends on: graph_state (nodes, initializers) and every op config (identity, state, spec,
+    pair limit, root and its params' tensors with torch's in-place version counters)."""
+    from netquant.passes.calibration import graph_state
+
+    def tensor(t: Any) -> tuple[int, int]:
+        return id(t), getattr(t, "_version", 0)
+
+    configs = []
+    for name, oc in qgraph.op_configs.items():
+        for c in (*oc.inputs, *oc.outputs):
+            if c is None:
+                configs.append(None)
+                continue
+            r, p = c.root, c.root.params
+            configs.append((id(c), c.state, c.spec, c.effective_pair_limit, id(r), r.state,
+                            None if p is None else (id(p), tensor(p.scale), tensor(p.zero_point))))
+        configs.append(name)
+    return graph_state(qgraph.graph), tuple(configs), id(qgraph.platform)
+
+
+_LAST_BUILD: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], tuple[onnx.ModelProto, QdqBuilder, int]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def build_qdq_model(qmodel: Exportable, *, opset: int | None = None, feeds: dict[str, Any] | None = None,
+                    share: bool = False) -> tuple[onnx.ModelProto, QdqBuilder, int]:
     """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
 
     When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
+    share: the caller will not modify the model; the next call in the same state (quant_state) and opset takes it
+    instead of building it again (the export after a placement whose last candidate is its decision).
     """
 
     qgraph = unwrap(qmodel)
+    key = (quant_state(qgraph), opset)
+    last = _LAST_BUILD.pop(qgraph, None)
+    if last is not None and last[0] == key and feeds is None:
+        result = last[1]
+    else:
+        result = _build(qgraph, opset, feeds)
+    if share:
+        _LAST_BUILD[qgraph] = (key, result)
+    return result
+
+
+def _build(qgraph: QuantizedGraph, opset: int | None,
+           feeds: dict[str, Any] | None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
     check_deployable(qgraph)
     need = required_opset(qgraph)
     if opset is not None and opset < need:
