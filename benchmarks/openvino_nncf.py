@@ -53,9 +53,9 @@ NOTES = """Notes from building the openvino_int8 rules (same machine, measured o
   that order (7-bit for odd-channel convs with a kernel over more than one tap), bias correction for the mean shift
   the limit causes, uint8 affine activations. rec in OpenVINO, exact lines / logits cosine: pairs 94.0% / 0.959,
   + bias correction 96.5% / 0.990, + uint8 activations 97.5% / 0.995 (uint8 activations + 7-bit weights 92.5%).
-- On this CPU the int8 FullyConnected runs as FullyConnectedQuantizedLegacy (jit_gemm_i8), slower than the f32
-  gemm (see the profiles); `--fp32-ops MatMul,Gemm` made rec ~6% faster at the same accuracy (95.5%), kept
-  int8 by default for CPUs with VNNI / AMX, where no such measurement was possible here.
+- On this CPU the int8 FullyConnected runs as jit_gemm int8 (FullyConnected[QuantizedLegacy]), slower than the f32
+  gemm (see the profiles); `--fp32-ops MatMul,Gemm` made rec ~6% faster at the same accuracy (95.5%, the earlier
+  7-bit scheme), kept int8 by default for CPUs with VNNI / AMX, where no such measurement was possible here.
 """
 
 
