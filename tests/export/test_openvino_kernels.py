@@ -18,6 +18,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import netquant
+from netquant.errors import ExportError
 from netquant.graph.op_config import TensorRole
 from netquant.passes.quant_graph import constant_codes
 from netquant.platforms.targets import WeightScheme, cpu_info
@@ -170,3 +171,12 @@ def test_openvino_computes_the_fake_quant_model(positive, tmp_path: Path) -> Non
         assert full > 0.01  # measured 0.049 on the AVX2 EPYC: saturated pair sums
     else:
         assert full < 1e-4
+
+
+def test_full_int8_weights_for_target_any_are_refused(positive, tmp_path: Path) -> None:
+    """uint8 activations make the export's saturation check see OpenVINO's u8 x s8 sites (with the earlier signed
+    activations it skipped them and such a file silently lost rec to 77.5% exact lines)."""
+    model, x = positive
+    with pytest.raises(ExportError, match=r"targets CPU 'any'.*Conv 'conv1'.*weight_scheme='int8-pairs'"):
+        _quantize(model, x, weight_scheme="int8").export(tmp_path / "m.xml")
+    assert list(tmp_path.iterdir()) == []
