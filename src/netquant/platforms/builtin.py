@@ -161,10 +161,11 @@ TENSORRT_INT8 = _builtin(Platform(
 #   are exact there, and convolutions with odd C/g and a larger kernel (the first conv: 3 channels) keep 7-bit
 #   codes (openvino_odd_channel_convs). Pair limiting shrinks same-sign pairs toward zero, a mean output shift that
 #   bias correction removes; uint8 affine activations give non-negative tensors 8 bits instead of 7.
-#   rec exact lines / cosine in OpenVINO, 64 calibration lines, 200 held-out: int7 + int8 sym. act. 96.0% / 0.980,
-#   pairs 94.0% / 0.959, pairs + bias correction 96.5% / 0.990, uint8 act. + int7 92.5% / 0.977, uint8 act.
-#   + pairs 88.5% / 0.974, uint8 act. + pairs + bias correction 97.5% / 0.995 (FP32 97.5%; netquant's fake-quant
-#   97.5%, 33 int8 heavy layers either way).
+#   rec exact lines / logits cosine vs FP32 in OpenVINO (objective=None, 64 calibration lines, 200 held-out): int7
+#   + int8 sym. act. 96.0% / 0.980, pairs 94.0% / 0.959, pairs + bias correction 96.5% / 0.990, uint8 act. + int7
+#   92.5% / 0.977, uint8 act. + pairs 88.5% / 0.974, uint8 act. + pairs + bias correction 97.5% / 0.995 (FP32 97.5%;
+#   netquant's fake-quant 97.5%; 33 int8 heavy layers in every case). The defaults (placement included): IR 98.0%,
+#   .onnx 97.5%, cls 100% (FP32 100%), same kernels and int8 layer counts as before (openvino_nncf.md).
 # - min/max activation ranges: MSE-clipped ranges swung rec by up to 7 points (96.0% / 88.5%).
 OPENVINO_MIN_CONV_MACS = 400
 
