@@ -65,8 +65,8 @@ def test_uint8_scheme_and_errors() -> None:
         get_platform("onnxruntime_int8").for_cpu("pentium")
     with pytest.raises(ConfigError, match="takes no CPU target"):
         get_platform("tensorrt_int8").for_cpu("x86-vnni")
-    with pytest.raises(ConfigError, match="known for onnxruntime_int8 only"):
-        get_platform("openvino_int8").for_cpu("any", "int8-pairs")
+    with pytest.raises(ConfigError, match="needs the engine's weight packing order"):
+        get_platform("openvino_int8").with_(knows_weight_packing=False).for_cpu("any", "int8-pairs")
 
 
 def test_full_range_weights_for_target_any_are_refused_naming_op_and_fix(tmp_path) -> None:
