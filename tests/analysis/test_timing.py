@@ -18,3 +18,23 @@ def test_calls_alternate_round_by_round_after_their_warmup():
 def test_medians_in_milliseconds():
     ms = interleaved_ms([lambda: time.sleep(0.004), lambda: None], per_round=3, rounds=2, warmup=0)
     assert 3.5 <= ms[0] <= 50 and ms[1] < 1.0
+
+
+def test_settled_stops_after_min_rounds_once_the_verdict_is_clear():
+    order: list[str] = []
+    seen: list[list[float]] = []
+
+    def settled(medians: list[float]) -> bool:
+        seen.append(medians)
+        return True
+
+    calls = [lambda: order.append("a"), lambda: order.append("b")]
+    interleaved_ms(calls, per_round=1, rounds=5, warmup=0, settled=settled, min_rounds=3)
+    assert order == ["a", "b"] * 3 and len(seen) == 1 and len(seen[0]) == 2  # asked once, after round 3
+
+
+def test_unsettled_verdict_runs_every_round():
+    order: list[str] = []
+    calls = [lambda: order.append("a"), lambda: order.append("b")]
+    interleaved_ms(calls, per_round=1, rounds=5, warmup=0, settled=lambda m: False, min_rounds=3)
+    assert order == ["a", "b"] * 5

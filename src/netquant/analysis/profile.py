@@ -26,7 +26,7 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -104,11 +104,13 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
 
 
 def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
-                  runs: int = 8, threads: int = 1, budget_s: float | None = None, min_rounds: int = 3) -> list[float]:
+                  runs: int = 8, threads: int = 1, budget_s: float | None = None, min_rounds: int = 3,
+                  settled: Callable[[list[float]], bool] | None = None) -> list[float]:
     """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
     interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms).
     budget_s: fewer runs per round (down to 1), then fewer rounds (down to min_rounds), where `rounds` x `runs` of
-    every model would take longer, going by the warm-up runs (a large model's single runs vary less)."""
+    every model would take longer, going by the warm-up runs (a large model's single runs vary less).
+    settled: stop after `min_rounds` once settled(the medians so far) holds (interleaved_ms)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -130,7 +132,8 @@ def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndar
         one_round_s = time.perf_counter() - start
         runs = max(1, min(runs, int(budget_s / max(rounds * one_round_s, 1e-9))))
         rounds = max(min(rounds, min_rounds), min(rounds, int(budget_s / max(one_round_s, 1e-9))))
-    return interleaved_ms(calls, per_round=runs, rounds=rounds, warmup=0 if budget_s is not None else 1)
+    return interleaved_ms(calls, per_round=runs, rounds=rounds, warmup=0 if budget_s is not None else 1,
+                          settled=settled, min_rounds=min_rounds)
 
 
 @dataclass

@@ -74,6 +74,7 @@ PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after thi
 PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
 WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model ...
 WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
+WALL_CLEAR = 0.15  # ... and 3 rounds only when INT8 is this much faster or slower than FP32 by then
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 # platforms with a wider format (Platform.wider) widen regions until the loss is within this share of max_loss: a wide
@@ -323,6 +324,12 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
     placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
     return placement
+
+
+def _clear_verdict(ms: list[float]) -> bool:
+    """The whole-model check's medians [FP32, INT8] so far leave no doubt (WALL_CLEAR either way)."""
+    fp32, int8 = ms
+    return int8 <= (1 - WALL_CLEAR) * fp32 or int8 >= (1 + WALL_CLEAR) * fp32
 
 
 class _Search:
@@ -679,7 +686,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         t = time.perf_counter()
         try:
             src_ms, all8_ms = wall_clock_ms([source, s.build(set())], s.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS,
-                                            budget_s=WALL_BUDGET_S)
+                                            budget_s=WALL_BUDGET_S, settled=_clear_verdict)
         except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
             placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
         else:
