@@ -101,13 +101,16 @@ def test_two_stage_search_of_long_rows_matches_exact_search(heavy: bool, monkeyp
     assert float((two_stage == exact).float().mean()) >= 0.9
 
 
-def test_two_stage_search_is_exact_on_constant_rows() -> None:
-    """onnx's light models: every weight 0.02, every pair limited; sampled and exact errors rank steps alike."""
-    w = torch.full((16, 2 * ik.SAMPLED_SEARCH_PAIRS), 0.02)
-    scale = w.abs().amax(1) / 127
+@pytest.mark.parametrize(("shape", "kind"), [((16, 2 * ik.SAMPLED_SEARCH_PAIRS), ik.LayoutKind.COLS),
+                                           ((24, 8, 3, 3), ik.LayoutKind.CONV_NHWC)])
+def test_search_of_constant_rows_matches_generic(shape: tuple[int, ...], kind: ik.LayoutKind) -> None:
+    """onnx's light models: every weight 0.02, every pair limited. Blocks of identical rows are evaluated on one row,
+    sampled and exact errors rank steps alike: the generic search's scales."""
+    w = torch.full(shape, 0.02)
+    scale = w.reshape(shape[0], -1).abs().amax(1) / 127
     zp = torch.zeros_like(scale, dtype=torch.int32)
     spec = QuantSpec.int8_per_channel(axis=0)
-    limit = ik.PairSumLimit(ik.WeightLayout(ik.LayoutKind.COLS))
+    limit = ik.PairSumLimit(ik.WeightLayout(kind))
     top = (spec.qmax - spec.qmin) / 2 / 64
     factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
     assert torch.equal(ik.pair_limited_scale(w, scale, zp, spec, limit),

@@ -388,45 +388,56 @@ def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: tor
 def _channel_errors(x_nk: torch.Tensor, inv_rows: torch.Tensor, s_rows: torch.Tensor, inv_max: torch.Tensor,
                     spec: QuantSpec, limit: PairSumLimit, channels: int, stride: int = 1) -> torch.Tensor:
     """[S, C]: per candidate (row-wise 1/s in inv_rows [S, N], s in s_rows) and channel, sum of s^2 (t - n)^2 over
-    the channel's rows of x_nk [N, K] (n: codes with the pair limit applied).
+    the channel's rows of x_nk [N, K] (n: codes with the pair limit applied), a block of rows at a time
+    (_block_errors); a block whose rows and scales all repeat its first (constant-initialized weights) is
+    evaluated on that row once."""
+    n, k = x_nk.shape
+    s_count = inv_rows.shape[0]
+    errs = torch.empty((s_count, n), dtype=torch.float64)
+    block = max(1, _SEARCH_BLOCK_ELEMS // (s_count * -(-k // stride)))
+    for r in range(0, n, block):
+        xb, inv, top = x_nk[r:r + block], inv_rows[:, r:r + block], inv_max[r:r + block]  # [R, K], [S, R], [R]
+        rows = xb.shape[0]
+        if rows > 1 and torch.equal(xb, xb[:1].expand_as(xb)) and torch.equal(inv, inv[:, :1].expand_as(inv)):
+            errs[:, r:r + block] = _block_errors(xb[:1], inv[:, :1], top[:1], spec, limit, stride).expand(-1, rows)
+        else:
+            errs[:, r:r + block] = _block_errors(xb, inv, top, spec, limit, stride)
+    errs.mul_(s_rows.double().square())
+    return errs.reshape(s_count, -1, channels).sum(1)
+
+
+def _block_errors(xb: torch.Tensor, inv: torch.Tensor, inv_max: torch.Tensor, spec: QuantSpec, limit: PairSumLimit,
+                  stride: int) -> torch.Tensor:
+    """[S, R]: per step and row of xb [R, K] (1/s = inv [S, R]), sum over pairs of the squared code error with the
+    pair limit applied, in units of s^2.
 
     The plain rounding error is summed over every element; only the candidate pairs, those whose |t0| + |t1| at
     the row's smallest scale (1/s = inv_max) exceeds limit - 1 (no other pair can round over the limit at any
-    step), are gathered once per block and corrected for the limit; blocks where most pairs are candidates
-    (near-constant weights) are limited in place on the pair halves. stride > 1: an estimate, the plain (or, in
-    dense blocks, limited) error of every stride-th pair scaled up to all pairs, the candidates' corrections exact.
-    """
-    n, k = x_nk.shape
-    sampled = -(-(k // 2) // stride)
-    spread = (k // 2) / sampled  # all pairs / sampled pairs
-    s_count = inv_rows.shape[0]
-    errs = torch.empty((s_count, n), dtype=torch.float64)
+    step), are gathered and corrected for the limit; blocks where most pairs are candidates (near-constant
+    weights) are limited in place on the pair halves. stride > 1: an estimate, the plain (or, in dense blocks,
+    limited) error of every stride-th pair scaled up to all pairs, the candidates' corrections exact."""
     qmin, qmax, lim = float(spec.qmin), float(spec.qmax), float(limit.limit)
-    block = max(1, _SEARCH_BLOCK_ELEMS // (s_count * -(-k // stride)))
-    for r in range(0, n, block):
-        xb, inv = x_nk[r:r + block], inv_rows[:, r:r + block]  # [R, K], [S, R]
-        x0, x1 = xb[:, 0::2], xb[:, 1::2]
-        reach = (x0.abs() + x1.abs()).mul_(inv_max[r:r + block, None])
-        candidate = (reach > lim - 1) & (x0 * x1 > 0)
-        count = int(candidate.sum())
-        if count > candidate.numel() // 4:  # dense (e.g. constant weights): every pair limited, no gather
-            err = _limited_error(x0[:, ::stride], x1[:, ::stride], inv[:, :, None], spec, lim).sum(-1)
-            errs[:, r:r + block] = err.mul_(spread) if stride > 1 else err
-            continue
-        if stride > 1:
-            xb = xb.view(xb.shape[0], -1, 2)[:, ::stride].reshape(xb.shape[0], -1)
-        t = xb.unsqueeze(0) * inv[:, :, None]  # [S, R, K]
-        q = round_with_policy_(t.clone(), spec.rounding, sign_source=t).clamp_(qmin, qmax)
-        d = t.sub_(q)
-        err = d.mul_(d).sum(-1)  # [S, R]
-        if stride > 1:
-            err.mul_(spread)
-        if count:
-            rows, pairs = candidate.nonzero(as_tuple=True)
-            err.index_add_(1, rows, _limit_correction(x0[rows, pairs], x1[rows, pairs], inv[:, rows], spec, lim))
-        errs[:, r:r + block] = err
-    errs.mul_(s_rows.double().square())
-    return errs.reshape(s_count, -1, channels).sum(1)
+    pairs_per_row = xb.shape[1] // 2
+    spread = pairs_per_row / -(-pairs_per_row // stride)  # all pairs / sampled pairs
+    x0, x1 = xb[:, 0::2], xb[:, 1::2]
+    reach = (x0.abs() + x1.abs()).mul_(inv_max[:, None])
+    candidate = (reach > lim - 1) & (x0 * x1 > 0)
+    count = int(candidate.sum())
+    if count > candidate.numel() // 4:  # dense (e.g. constant weights): every pair limited, no gather
+        err = _limited_error(x0[:, ::stride], x1[:, ::stride], inv[:, :, None], spec, lim).sum(-1)
+        return err.mul_(spread) if stride > 1 else err
+    if stride > 1:
+        xb = xb.view(xb.shape[0], -1, 2)[:, ::stride].reshape(xb.shape[0], -1)
+    t = xb.unsqueeze(0) * inv[:, :, None]  # [S, R, K]
+    q = round_with_policy_(t.clone(), spec.rounding, sign_source=t).clamp_(qmin, qmax)
+    d = t.sub_(q)
+    err = d.mul_(d).sum(-1)  # [S, R]
+    if stride > 1:
+        err.mul_(spread)
+    if count:
+        rows, pairs = candidate.nonzero(as_tuple=True)
+        err.index_add_(1, rows, _limit_correction(x0[rows, pairs], x1[rows, pairs], inv[:, rows], spec, lim))
+    return err
 
 
 def _limited_codes(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec, lim: float
