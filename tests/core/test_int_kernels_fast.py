@@ -28,6 +28,14 @@ def _weight_and_scale(shape: tuple[int, ...], axis: int | None) -> tuple[torch.T
     return w, amax / 127, QuantSpec.int8_per_channel(axis=axis)
 
 
+def _generic_search(w: torch.Tensor, scale: torch.Tensor, zp: torch.Tensor, spec: QuantSpec,
+                    limit: ik.PairSumLimit) -> torch.Tensor:
+    """The layout-generic 16-step search with pair_limited_scale's steps (s to s * (qmax - qmin) / 128)."""
+    top = (spec.qmax - spec.qmin) / 2 / 64
+    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
+    return ik._pair_limited_scale_any(w, scale, zp, spec, limit, factors)
+
+
 @pytest.mark.parametrize(("shape", "kind", "axis"), CASES)
 def test_quantize_limited_matches_limit_pair_sums(shape: tuple[int, ...], kind: ik.LayoutKind,
                                                   axis: int | None) -> None:
@@ -49,9 +57,7 @@ def test_pair_limited_scale_fast_path_matches_generic(shape: tuple[int, ...], ki
     zp = torch.zeros_like(scale, dtype=torch.int32)
     limit = ik.PairSumLimit(ik.WeightLayout(kind))
     assert ik._row_params(w, scale, zp, spec, limit.layout) is not None  # the fast path applies
-    top = (spec.qmax - spec.qmin) / 2 / 64  # as pair_limited_scale
-    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
-    generic = ik._pair_limited_scale_any(w, scale, zp, spec, limit, factors)
+    generic = _generic_search(w, scale, zp, spec, limit)
     fast = ik.pair_limited_scale(w, scale, zp, spec, limit)
     assert torch.equal(fast, generic)
     assert not torch.equal(fast, scale)  # the search moved some scale
@@ -68,10 +74,8 @@ def test_pair_limited_scale_dense_blocks_match_generic(kind: ik.LayoutKind) -> N
     zp = torch.zeros_like(scale, dtype=torch.int32)
     spec = QuantSpec.int8_per_channel(axis=0)
     limit = ik.PairSumLimit(ik.WeightLayout(kind))
-    top = (spec.qmax - spec.qmin) / 2 / 64
-    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
     fast = ik.pair_limited_scale(w, scale, zp, spec, limit)
-    assert torch.equal(fast, ik._pair_limited_scale_any(w, scale, zp, spec, limit, factors))
+    assert torch.equal(fast, _generic_search(w, scale, zp, spec, limit))
     assert ik.count_overflow_pairs(ik.quantize_limited(w, fast, zp, spec, limit), limit.layout) == 0
 
 
@@ -111,7 +115,4 @@ def test_search_of_constant_rows_matches_generic(shape: tuple[int, ...], kind: i
     zp = torch.zeros_like(scale, dtype=torch.int32)
     spec = QuantSpec.int8_per_channel(axis=0)
     limit = ik.PairSumLimit(ik.WeightLayout(kind))
-    top = (spec.qmax - spec.qmin) / 2 / 64
-    factors = torch.logspace(0, float(torch.log10(torch.tensor(top))), 16, dtype=torch.float64)
-    assert torch.equal(ik.pair_limited_scale(w, scale, zp, spec, limit),
-                       ik._pair_limited_scale_any(w, scale, zp, spec, limit, factors))
+    assert torch.equal(ik.pair_limited_scale(w, scale, zp, spec, limit), _generic_search(w, scale, zp, spec, limit))
