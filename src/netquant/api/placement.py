@@ -15,11 +15,12 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 5. iterate: export the candidate, profile it, refresh each region's time in its current state (its glue changes
    with its neighbours), decide step 3 again; stop when nothing changes, after MAX_ROUNDS or at the time cap;
 6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
-   the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY).
+   the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY; the fastest where none is).
 
 BALANCED / ACCURACY first time the all-INT8 file against the user's FP32 model (wall clock, interleaved, within
 WALL_BUDGET_S); when it is no slower and within the budget that decides, and steps 2-6 run only while the time cap
-(TIME_SHARE of the quantization time, at least MIN_TIME_S) leaves room for them. Platforms whose engine is not timed
+(TIME_SHARE of the quantization time, at least MIN_TIME_S) leaves room for them. Where it does not decide (and for
+LATENCY) steps 2-6 make the decision, within SEARCH_SHARE of the quantization time, at least SEARCH_MIN_S. Platforms whose engine is not timed
 here get step 4 alone (`_budget_only`); where the platform names a wider integer format (Platform.wider: QNN HTP's
 uint16 activations, int8 for a 4-bit scheme), the regions the budget needs run in that format first (the most
 sensitive first, as many as the budget needs), and only if every region wide is still not within max_loss do the
@@ -69,6 +70,8 @@ DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objecti
 MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
 MIN_TIME_S = 0.25
 TIME_SHARE = 0.15  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+SEARCH_MIN_S, SEARCH_SHARE = 1.5, 0.5  # the cap where the per-region search decides (INT8 slower than the source,
+# over the budget, LATENCY): half the quantization time, at least 1.5 s (a few profiles of a small model)
 REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
 PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
 PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
@@ -285,8 +288,11 @@ def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float,
         return apply_placement_file(qgraph, settings.placement_from, wide)
     if not applies(settings, qgraph):
         return None
-    budget = settings.placement_time_s if settings.placement_time_s is not None else max(MIN_TIME_S, TIME_SHARE * elapsed_s)
-    return search_placement(qgraph, settings, time_budget_s=budget, source=source, wide=wide)
+    if settings.placement_time_s is not None:
+        budget, search = settings.placement_time_s, None
+    else:
+        budget, search = max(MIN_TIME_S, TIME_SHARE * elapsed_s), max(SEARCH_MIN_S, SEARCH_SHARE * elapsed_s)
+    return search_placement(qgraph, settings, time_budget_s=budget, source=source, wide=wide, search_s=search)
 
 
 def _wide_graph(qgraph: QuantizedGraph, wide: WideFactory | None, what: str) -> QuantizedGraph:
@@ -650,9 +656,12 @@ def _all_int8_unprofiled(s: _Search, budget: _Budget, placement: Placement, meas
 
 
 def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float = 30.0,
-                     source: onnx.ModelProto | None = None, wide: WideFactory | None = None) -> Placement:
+                     source: onnx.ModelProto | None = None, wide: WideFactory | None = None,
+                     search_s: float | None = None) -> Placement:
     """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it.
-    Platforms other than onnxruntime CPU: the accuracy budget alone (_budget_only)."""
+    Platforms other than onnxruntime CPU: the accuracy budget alone (_budget_only).
+    search_s: the cap (default time_budget_s) where the whole-model check does not decide (INT8 slower than the
+    source, over the budget, or LATENCY): the per-region profiles and rounds then make the decision itself."""
     start = time.perf_counter()
     objective = Objective.parse(settings.objective) if settings.objective is not None else Objective.BALANCED
     max_loss = settings.max_loss if settings.max_loss is not None else DEFAULT_MAX_LOSS[objective]
@@ -698,6 +707,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
         # the cap
         return _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+    if search_s is not None and not (int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss)):
+        s.deadline = max(s.deadline, start + search_s)
     p32 = s.profile_fp32()
     s.update(p32, all_anchors)
     p8 = s.profile(set())
@@ -759,9 +770,11 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         measured["placed_ms_estimated"] = 1
     if objective is Objective.LATENCY:
         best_t, best = min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1])))
-    else:  # INT8 first: the candidate with the fewest float regions among those no slower than FP32
-        fast = ok if int8_first_ok else [c for c in ok if c[0] <= fp32_ms] or ok
-        best_t, best = min(fast, key=lambda c: (len(c[1]), round(c[0], 6), sorted(c[1])))
+    else:  # INT8 first: the candidate with the fewest float regions among those no slower than FP32; where none
+        # is (the time cap cut the search short), the fastest measured
+        fast = ok if int8_first_ok else [c for c in ok if c[0] <= fp32_ms]
+        best_t, best = (min(fast, key=lambda c: (len(c[1]), round(c[0], 6), sorted(c[1]))) if fast
+                        else min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1]))))
     final_loss = budget.loss(best) if budget.meter is not None else None
     sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
     keep_float(qgraph, [s.by_anchor[a] for a in sorted(best)])
