@@ -223,6 +223,11 @@ def test_wider_format_before_float_and_its_placement_file(tmp_path):
     summary = qm.summary()["placement"]
     assert summary["wider_regions"] == len(wide) and summary["float_regions"] == 0
     assert "wider: int8 (W8A8)" in p.markdown()
+    from netquant.cli.quantize_cmd import _placement_line
+
+    n8 = sum(r.decision == "int8" for r in p.regions)
+    assert f"{n8} of {len(p.regions)} regions in INT8, {len(wide)} in the wider format (int8 (W8A8))" in \
+        _placement_line(qm)
     report = export_qdq(qm.qgraph, tmp_path / "m.onnx")
     assert report.validated and report.reference_only
 

@@ -97,6 +97,7 @@ class Reason:
     FORCED = "onnxruntime quantizes it anyway when float (Q/DQ both sides)"
     KEPT = "kept int8: the model stays faster than FP32"
     WHOLE_MODEL = "int8: the all-INT8 model is no slower than the source (per-region times not profiled)"
+    ALL_FLOAT = "float: the placed mixed file timed slower than the source, all float is faster"
     NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
     WIDER = "accuracy budget: the platform's wider format"
     WIDER_NOT_ENOUGH = "accuracy budget: float (every region in the wider format is not enough)"
@@ -775,12 +776,30 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         fast = ok if int8_first_ok else [c for c in ok if c[0] <= fp32_ms]
         best_t, best = (min(fast, key=lambda c: (len(c[1]), round(c[0], 6), sorted(c[1]))) if fast
                         else min(ok, key=lambda c: (round(c[0], 6), len(c[1]), sorted(c[1]))))
+    placed_float = best
+    if objective is not Objective.LATENCY and "source_fp32_wall_ms" in measured and not int8_first_ok and \
+            best != all_anchors:
+        # the profiles' per-node sums miss onnxruntime's per-node overhead, which the Q/DQ boundaries of a mixed file
+        # add to: the decision, timed like the INT8-first check against the source and the all-float file, must be
+        # no slower than the source, else the faster of it and all float ships
+        t = time.perf_counter()
+        assert source is not None  # it was timed
+        src_ms, placed_ms, float_ms = wall_clock_ms([source, s.build(set(best)), s.build(all_anchors)], s.feeds or {},
+                                                    rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=WALL_BUDGET_S)
+        s.profile_s += time.perf_counter() - t
+        measured.update({"source_fp32_wall_ms": src_ms, "placed_wall_ms": placed_ms, "all_float_wall_ms": float_ms})
+        if placed_ms > src_ms and float_ms < placed_ms:
+            placed_float, best, best_t = best, frozenset(all_anchors), p32.node_total_ms
+            placement.note = "; ".join(filter(None, [placement.note, "the placed file timed slower than the source: "
+                                                     "every region float (INT8 does not pay off on this CPU)"]))
     final_loss = budget.loss(best) if budget.meter is not None else None
     sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
     keep_float(qgraph, [s.by_anchor[a] for a in sorted(best)])
     slower = s.slower()
 
     def reason_of(a: str) -> str:
+        if a in best and a not in placed_float:
+            return Reason.ALL_FLOAT
         if a in best:
             return Reason.BUDGET if a in budget_float else Reason.SLOWER
         if a in s.forced:

@@ -73,9 +73,12 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
         how = ("Measured in onnxruntime on this machine (batch 1, one thread, per-node medians; each region's time "
                "includes its Q/DQ and layout glue). A region stays float when it runs slower in INT8 or when the "
                "accuracy budget needs it." if timed else
-               "Speed is not measured for this platform's engine here: a region stays float only when the accuracy "
-               "budget needs it.")
-        text += "\n## Placement: INT8 or float per region\n\n" + how + "\n\n" + qmodel.placement.markdown()
+               "Speed is not measured for this platform's engine here: a region leaves the platform's format only "
+               "when the accuracy budget needs it, for the platform's wider integer format first where it has one "
+               "(decision 'wider'), else float.")
+        wider = qmodel.platform.wider is not None
+        text += (f"\n## Placement: {'INT8, wider integer' if wider else 'INT8'} or float per region\n\n" + how
+                 + "\n\n" + qmodel.placement.markdown())
     if qmodel.platform.cpu_target is not None:
         text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first calibration "
                  "batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with full-range int8 "
@@ -91,10 +94,13 @@ def _placement_line(qmodel: QuantizedModel) -> str:
     if p is None:
         return ""
     n8 = sum(r.decision == "int8" for r in p.regions)
+    wide = sum(r.decision == "wider" for r in p.regions)
     m = p.measured
     times = (f"; measured here {m['fp32_ms']:.2f} ms FP32 -> {m['placed_ms']:.2f} ms placed "
              f"(all INT8 {m['all_int8_ms']:.2f} ms)") if "placed_ms" in m else ""
-    return (f"{p.objective}: {n8} of {len(p.regions)} regions in INT8{times}"
+    return (f"{p.objective}: {n8} of {len(p.regions)} regions in INT8"
+            + (f", {wide} in the wider format ({qmodel.platform.wider.label})" if wide and qmodel.platform.wider else "")
+            + times
             + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
 
 
