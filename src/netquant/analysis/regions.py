@@ -12,7 +12,7 @@ quantized consumer's input, a pass-through output) quantizes the tensor at its o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
@@ -100,24 +100,28 @@ def keep_float(qgraph: QuantizedGraph, regions: Iterable[Region]) -> FloatEdit:
         if oc.op.name in ops:
             continue
         for cfg in oc.configs():
-            if cfg.state is QuantState.OVERLAPPED and _through(cfg, floated):
+            if cfg.state is QuantState.OVERLAPPED and shares_through(cfg, floated):
                 edit.saved.append((cfg, cfg.state))
                 cfg.state = QuantState.ACTIVATED
     return edit
 
 
-def _through(cfg: TensorQuantConfig, floated: set[int]) -> bool:
-    """True if cfg's dominated_by chain passes through a config made float."""
+def overlap_chain(cfg: TensorQuantConfig) -> Iterator[TensorQuantConfig]:
+    """The configs cfg shares through dominated_by, nearest first, up to and including the first one that is not
+    OVERLAPPED (the live quantizer the chain ends at; at most 1000 links)."""
     c = cfg.dominated_by
-    seen = 0
-    while c is not None and seen < 1000:
-        if id(c) in floated:
-            return True
+    for _ in range(1000):
+        if c is None:
+            return
+        yield c
         if c.state is not QuantState.OVERLAPPED:
-            return False  # an emitting config quantizes the tensor: the chain ends at a live quantizer
+            return
         c = c.dominated_by
-        seen += 1
-    return False
+
+
+def shares_through(cfg: TensorQuantConfig, configs: set[int]) -> bool:
+    """True if cfg's dominated_by chain passes through one of `configs` (ids) before its live quantizer ends it."""
+    return any(id(c) in configs for c in overlap_chain(cfg))
 
 
 def regions_by_anchor(regions: Sequence[Region]) -> dict[str, Region]:

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from netquant.analysis.regions import Region
+from netquant.analysis.regions import Region, overlap_chain, shares_through
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import ConfigError
 from netquant.passes.quant_graph import QuantizedGraph
@@ -113,7 +113,7 @@ def widen(qgraph: QuantizedGraph, wide: QuantizedGraph, regions: Iterable[Region
     # narrow configs outside that shared a swapped-out quantizer: their own place, the narrow params
     for oc in qgraph.op_configs.values():
         for cfg in oc.configs():
-            if id(cfg) in swapped_in or cfg.state is not QuantState.OVERLAPPED or not _through(cfg, out):
+            if id(cfg) in swapped_in or cfg.state is not QuantState.OVERLAPPED or not shares_through(cfg, out):
                 continue
             edit.configs.append((cfg, cfg.state, cfg.dominated_by, cfg.params))
             cfg.state = QuantState.ACTIVATED
@@ -122,25 +122,5 @@ def widen(qgraph: QuantizedGraph, wide: QuantizedGraph, regions: Iterable[Region
 
 def _leaves(cfg: TensorQuantConfig, inside: set[int]) -> bool:
     """True if cfg's dominated_by chain reaches its emitting root outside `inside` (a quantizer no widened op runs)."""
-    c = cfg.dominated_by
-    for _ in range(1000):
-        if c is None:
-            return False
-        if c.state is not QuantState.OVERLAPPED:
-            return id(c) not in inside
-        c = c.dominated_by
-    return False
-
-
-def _through(cfg: TensorQuantConfig, swapped: set[int]) -> bool:
-    """True if cfg's dominated_by chain passes through a swapped-out config before its emitting root."""
-    c = cfg.dominated_by
-    for _ in range(1000):
-        if c is None:
-            return False
-        if id(c) in swapped:
-            return True
-        if c.state is not QuantState.OVERLAPPED:
-            return False
-        c = c.dominated_by
-    return False
+    chain = list(overlap_chain(cfg))
+    return bool(chain) and chain[-1].state is not QuantState.OVERLAPPED and id(chain[-1]) not in inside

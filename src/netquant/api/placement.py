@@ -370,6 +370,17 @@ class _Search:
                 self.built[key] = build_qdq_model(self.qgraph, share=True)[0]
         return self.built[key]
 
+    def wall_clock(self, models: list[onnx.ModelProto], settled: Callable[[list[float]], bool] | None = None
+                   ) -> list[float]:
+        """Wall-clock ms of each model against the others (analysis.profile.wall_clock_ms within WALL_BUDGET_S), its
+        time counted in profile_s."""
+        t = time.perf_counter()
+        try:
+            return wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=WALL_BUDGET_S,
+                                 settled=settled)
+        finally:
+            self.profile_s += time.perf_counter() - t
+
     def profile(self, float_set: set[str]) -> OrtProfile:
         t = time.perf_counter()
         self.profiles += 1
@@ -693,16 +704,13 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
     int8_first_ok = False
     if source is not None and objective is not Objective.LATENCY:
-        t = time.perf_counter()
         try:
-            src_ms, all8_ms = wall_clock_ms([source, s.build(set())], s.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS,
-                                            budget_s=WALL_BUDGET_S, settled=_clear_verdict)
+            src_ms, all8_ms = s.wall_clock([source, s.build(set())], settled=_clear_verdict)
         except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
             placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
         else:
             measured.update({"source_fp32_wall_ms": src_ms, "all_int8_wall_ms": all8_ms})
             int8_first_ok = all8_ms <= src_ms
-        s.profile_s += time.perf_counter() - t
     if int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss) and \
             time.perf_counter() > start + PROFILE_AFTER_SHARE * time_budget_s:
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
@@ -782,11 +790,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         # the profiles' per-node sums miss onnxruntime's per-node overhead, which the Q/DQ boundaries of a mixed file
         # add to: the decision, timed like the INT8-first check against the source and the all-float file, must be
         # no slower than the source, else the faster of it and all float ships
-        t = time.perf_counter()
         assert source is not None  # it was timed
-        src_ms, placed_ms, float_ms = wall_clock_ms([source, s.build(set(best)), s.build(all_anchors)], s.feeds or {},
-                                                    rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=WALL_BUDGET_S)
-        s.profile_s += time.perf_counter() - t
+        src_ms, placed_ms, float_ms = s.wall_clock([source, s.build(set(best)), s.build(all_anchors)])
         measured.update({"source_fp32_wall_ms": src_ms, "placed_wall_ms": placed_ms, "all_float_wall_ms": float_ms})
         if placed_ms > src_ms and float_ms < placed_ms:
             placed_float, best, best_t = best, frozenset(all_anchors), p32.node_total_ms

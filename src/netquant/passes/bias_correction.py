@@ -21,6 +21,7 @@ into the output. Measured per platform in netquant.platforms.builtin.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -166,9 +167,4 @@ class BiasCorrectionPass(PassBase):
             return
         qgraph = ctx.quantized
         assert ctx.calib_data is not None
-        batches = []
-        for i, batch in enumerate(ctx.calib_data):
-            if i >= MAX_BATCHES:
-                break
-            batches.append(batch)
-        qgraph.bias_corrections.update(correct_biases(qgraph, batches))
+        qgraph.bias_corrections.update(correct_biases(qgraph, list(itertools.islice(ctx.calib_data, MAX_BATCHES))))
