@@ -108,3 +108,7 @@ def test_wide_and_float_regions_together_and_twin_check():
     other.op_configs.pop(next(iter(other.op_configs)))
     with pytest.raises(ConfigError, match="other quantized ops"):
         check_twin(qgraph, other)
+    name = next(iter(wide.op_configs))
+    wide.op_configs[name].outputs.append(None)  # one config place more than the narrow op
+    with pytest.raises(ConfigError, match=f"op '{name}' has other config places in the wide-format graph"):
+        check_twin(qgraph, wide)

@@ -66,7 +66,8 @@ def check_twin(qgraph: QuantizedGraph, wide: QuantizedGraph) -> None:
     for name, oc in qgraph.op_configs.items():
         w = wide.op_configs[name]
         if len(oc.inputs) != len(w.inputs) or len(oc.outputs) != len(w.outputs):
-            raise ConfigError(f"op '{name}' has other config places in the wide-format graph")
+            raise ConfigError(f"op '{name}' has other config places in the wide-format graph; it must be the same "
+                              "model calibrated with Platform.widened()")
 
 
 def widen(qgraph: QuantizedGraph, wide: QuantizedGraph, regions: Iterable[Region]) -> WideEdit:
