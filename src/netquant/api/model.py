@@ -21,6 +21,15 @@ from netquant.analysis import (
     snr_db,
     worst,
 )
+from netquant.analysis.html_report import (
+    EngineFacts,
+    HostFacts,
+    ModelFacts,
+    PlatformFacts,
+    ReportData,
+    file_sha256,
+    write_html_report,
+)
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind, companions, writer
@@ -42,6 +51,7 @@ class QuantizedModel:
         self.timings = dict(timings or {})
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
+        self.last_export: tuple[Path, Any] | None = None  # (path, exporter's report) of the latest export
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -172,6 +182,53 @@ class QuantizedModel:
                                                                 f"on {self.platform.name}")
         return errors
 
+    def report(self, path: str | Path, data: Iterable[Any] | None = None, *, max_batches: int = 1,
+               title: str | None = None, export: Any = None, output: str | Path | None = None) -> Path:
+        """Write a report of this model by the path's suffix: .html one self-contained page (model, CPU, engine
+        validation, FP32 vs INT8, placement, per-layer SNR / cosine chart, saturation), .png the per-layer plot.
+
+        data / max_batches: the batches of the per-layer and saturation tables (default: the first calibration batch).
+        export / output: an exporter's report and the file it wrote (default: this model's latest export()).
+        The model file is never overwritten (ExportError); the file is written whole or not at all.
+        """
+        suffix = Path(path).suffix.lower()
+        if suffix not in (".html", ".htm", ".png"):
+            raise ConfigError(f"report '{path}': unknown extension '{suffix or '(none)'}'; use .html for the "
+                              "report page or .png for the per-layer plot")
+        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        OutputPlan.create([("report path", path, "report")], inputs=model_files(source) if source else (),
+                          error=ExportError)
+        if suffix == ".png":
+            self.plot_report(path, data, max_batches=max_batches, title=title)
+            return Path(path)
+        if export is None and self.last_export is not None:
+            output, export = self.last_export
+        return write_html_report(self._report_data(data, max_batches, title, export, output), path)
+
+    def _report_data(self, data: Iterable[Any] | None, max_batches: int, title: str | None, export: Any,
+                     output: str | Path | None) -> ReportData:
+        from netquant.platforms.targets import host_info, kernel_family
+
+        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        summary = self.summary()
+        batches = self._batches(data, max_batches)
+        platform = self.platform
+        info = host_info()
+        return ReportData(
+            title=title or f"netquant report: {source.name if source else self.graph.name} on {platform.name}",
+            model=ModelFacts(path=str(source.resolve()) if source else (self.source or self.graph.name),
+                             sha256=file_sha256(source) if source else None, ops=summary["ops"],
+                             quantized_ops=summary["quantized_ops"], quantized_by_type=summary["quantized_by_type"]),
+            host=HostFacts(cpu=info.cpu.describe(), target=info.target.value,
+                           kernel_family=f"{info.accumulation.value}: {kernel_family(info.accumulation, info.cpu)}"),
+            platform=PlatformFacts(name=platform.name, scheme=platform.scheme(),
+                                   cpu_target=platform.cpu_target.value if platform.cpu_target else None,
+                                   weight_scheme=platform.weight_scheme.value if platform.weight_scheme else None,
+                                   wider=platform.wider.label if platform.wider else None),
+            summary=summary, layers=layer_errors(self.qgraph, batches),
+            saturation=saturation_report(self.qgraph, batches) if platform.cpu_target is not None else None,
+            engine=EngineFacts.from_export(export, output) if export is not None else None)
+
     # ---- export ----------------------------------------------------------------------------
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
@@ -186,7 +243,9 @@ class QuantizedModel:
         planned = [("export path", path, f"{fmt.value} file")]
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        return writer(fmt)(self.qgraph, path, **kwargs)
+        result = writer(fmt)(self.qgraph, path, **kwargs)
+        self.last_export = (Path(path), result)
+        return result
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "

@@ -29,7 +29,7 @@ from netquant.outputs import OutputPlan, model_files
 if TYPE_CHECKING:
     from netquant.api.model import QuantizedModel
 
-REPORT_SUFFIXES = (".md", ".png")
+REPORT_SUFFIXES = (".md", ".png", ".html", ".htm")
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -50,18 +50,22 @@ def _check_report_path(path: Path | None) -> None:
         return
     if path.suffix.lower() not in REPORT_SUFFIXES:
         raise ConfigError(f"--report '{path}': unknown extension '{path.suffix or '(none)'}'; use .md for a "
-                          "markdown table or .png for a plot")
+                          "markdown table, .png for a plot or .html for the full report page")
     if path.suffix.lower() == ".png":
         from netquant.analysis import check_plot_target
 
         check_plot_target(path)
 
 
-def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
-    """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot."""
+def write_layer_report(qmodel: QuantizedModel, path: Path, title: str, export: object = None,
+                       output: Path | None = None) -> Path:
+    """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot; .html the
+    whole report page (QuantizedModel.report) with the export's engine results."""
     from netquant.analysis import markdown_table, saturation_markdown
     from netquant.atomic import write_text_atomic
 
+    if path.suffix.lower() in (".html", ".htm"):
+        return qmodel.report(path, export=export, output=output)
     if path.suffix.lower() == ".png":
         qmodel.plot_report(path, title=title)
         return path
@@ -199,7 +203,9 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write a TensorRT calibration cache (tensorrt_int8: written anyway, default OUT.cache).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the per-layer error (SNR dB, cosine of every op output vs FP32, first calibration "
-                   "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]).")
+                   "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]); report.html = one "
+                   "self-contained page with the model, CPU, engine validation, FP32 vs INT8, placement, per-layer "
+                   "chart and saturation table.")
 @click.option("--opset", type=int, default=None, help="Opset of the exported model (default: max(13, model's)).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (dynamic-shape models).")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (dynamic-shape models).")
@@ -320,7 +326,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         if report_path is not None:
             with console.status(f"writing per-layer report {report_path}"):
                 title = f"per-layer quantization error: {model.name} on {platform.name}"
-                stage.write("--report", lambda p: write_layer_report(qmodel, p, title))
+                stage.write("--report", lambda p: write_layer_report(qmodel, p, title, export=report, output=output))
     t_end = time.perf_counter()
     summary = qmodel.summary()
     facts = RunFacts(
