@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import pytest
 
+from netquant.analysis import markdown_table, saturation_markdown
 from netquant.analysis.html_report import (
     SECTIONS,
     SNR_CAP_DB,
@@ -254,15 +255,25 @@ def test_chart_axes_by_hand() -> None:
 
 
 def test_fp32_vs_int8_from_the_summary_when_measured_in_the_engine() -> None:
-    """summary['vs_fp32'] (engine-measured figures) is the table of that section when present."""
-    summary = {"vs_fp32": {"y": {"cosine": 0.99871, "max_abs_error": 0.0123, "top1_agreement": 0.975}},
-               "placement": {"measured": {"fp32_ms": 1.0}}}
+    """summary['vs_fp32'] (export.fidelity's comparisons, one per exported file) gives the section's engine tables; the
+    placement's measurements follow; with neither the section says so."""
+    comparison = {"engine": "onnxruntime", "reference": "source model in onnxruntime", "batches": 2, "samples": 16,
+                  "data": "calibration batches", "int8_ms": 0.5, "fp32_ms": 1.25, "timed_batch": 8, "timing_rounds": 5,
+                  "seconds": 0.1, "speedup": 2.5,
+                  "outputs": [{"name": "y<1>", "cosine": 0.9987123, "max_abs_err": 0.0123, "top1_agreement": 0.975,
+                               "top1_positions": 16, "shape": [8, 10]},
+                              {"name": "feat", "cosine": 0.99, "max_abs_err": 1.5, "top1_agreement": None,
+                               "top1_positions": 0, "shape": [8, 64]}]}
     page = ReportParser()
-    page.feed(vs_fp32_section(summary))
-    assert page.tables[0].rows == [["", "cosine", "max_abs_error", "top1_agreement"], ["y", "0.99871", "0.0123", "0.975"]]
-    assert "measured in the engine" in "".join(page.text)
+    page.feed(vs_fp32_section({"vs_fp32": [comparison], "placement": {"measured": {"fp32_ms": 1.0, "placed_ms": 0.4}}}))
+    assert page.table("engine-vs-fp32") == [["output", "cosine vs FP32", "max |err| vs FP32", "top-1 agreement"],
+                                            ["y<1>", "0.998712", "0.0123", "97.50%"], ["feat", "0.990000", "1.5", "-"]]
+    assert page.table("engine-latency")[1] == ["1.25", "0.5", "2.500", "8", "5"]
+    assert page.table("vs-fp32")[1:] == [["FP32, sum of profiled nodes (ms)", "fp32_ms", "1"],
+                                         ["placed model, sum of profiled nodes (ms)", "placed_ms", "0.4"]]
+    assert "INT8 in onnxruntime vs FP32 (source model in onnxruntime): 16 samples" in "".join(page.text)
     page = ReportParser()
-    page.feed(vs_fp32_section({"placement": None}))
+    page.feed(vs_fp32_section({"vs_fp32": [], "placement": None}))
     assert not page.tables and "Not measured" in "".join(page.text)
 
 
@@ -284,6 +295,18 @@ def test_report_paths_are_checked(placed: QuantizedModel, tmp_path: Path) -> Non
     assert page.facts("model")["sha256"] == hashlib.sha256(before).hexdigest()
     assert page.facts("model")["path"] == str(source.resolve())
     assert "No placement" in "".join(page.text) and "Not exported" in "".join(page.text)
+
+
+def test_report_writes_markdown_and_png_by_suffix(placed: QuantizedModel, tmp_path: Path) -> None:
+    """qm.report(x.md) is the CLI's --report x.md (layer table, placement, saturation); qm.report(x.png) the plot."""
+    text = placed.report(tmp_path / "r.md").read_text()
+    title = f"per-layer quantization error: {placed.graph.name} on onnxruntime_int8"
+    assert text.startswith(f"# {title}\n")
+    assert markdown_table(placed.layer_report()) in text and placed.placement.markdown() in text
+    assert saturation_markdown(placed.saturation_report()) in text
+    placed.report(tmp_path / "r.png")
+    placed.plot_report(tmp_path / "same.png", title=title)
+    assert (tmp_path / "r.png").read_bytes() == (tmp_path / "same.png").read_bytes()
 
 
 def test_cli_writes_the_html_report(run_cli: CliInvoke, tmp_path: Path) -> None:

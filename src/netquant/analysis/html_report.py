@@ -277,19 +277,41 @@ def _num(v: float | None, spec: str) -> str:
 
 
 def vs_fp32_section(summary: Mapping[str, Any]) -> str:
-    """summary['vs_fp32'] where the run measured it in the engine; else the placement's measured FP32 / INT8 times
-    and losses (the 'key value' line of the .md report)."""
-    if summary.get("vs_fp32"):
-        return section("vs-fp32", "FP32 vs INT8 (measured in the engine)", value_table(summary["vs_fp32"]))
+    """FP32 vs INT8: summary['vs_fp32'] (each exported file in its engine vs FP32) where present, and the placement's
+    measured FP32 / INT8 times and losses (the 'key value' line of the .md report) where placement measured."""
+    engine = summary.get("vs_fp32")
     measured = (summary.get("placement") or {}).get("measured") or {}
-    if not measured:
-        return section("vs-fp32", "FP32 vs INT8", "<p>Not measured in this run (placement did not time or compare "
-                       "the model; see the engine section for the exported file's agreement).</p>\n")
-    rows = [[MEASURED_LABELS.get(k, k), k, v] for k, v in measured.items()]
-    return section("vs-fp32", "FP32 vs INT8 (placement's measurements)",
-                   "<p>Measured by placement on this machine: onnxruntime timings (batch 1, one thread) and the "
-                   "fake-quant loss on calibration samples.</p>\n" + table(["measure", "key", "value"], rows,
-                                                                           cls="vs-fp32"))
+    body = ""
+    if engine:
+        comparisons = engine if isinstance(engine, (list, tuple)) else [engine]
+        body += "".join(engine_comparison(c) if isinstance(c, Mapping) and "outputs" in c else value_table(c)
+                        for c in comparisons)
+    if measured:
+        rows = [[MEASURED_LABELS.get(k, k), k, v] for k, v in measured.items()]
+        body += ("<h3>Placement's measurements</h3>\n<p>Measured by placement on this machine: onnxruntime timings "
+                 "(batch 1, one thread) and the fake-quant loss on calibration samples.</p>\n"
+                 + table(["measure", "key", "value"], rows, cls="vs-fp32"))
+    if not body:
+        body = ("<p>Not measured in this run (no export compared in its engine, and placement did not time or "
+                "compare the model; see the engine section for the exported file's agreement).</p>\n")
+    return section("vs-fp32", "FP32 vs INT8", body)
+
+
+def engine_comparison(c: Mapping[str, Any]) -> str:
+    """One exported file in its engine vs FP32 (export.fidelity's EngineComparison.as_dict()): per output cosine,
+    max |error| and top-1 agreement; FP32 / INT8 latency where the engine was timed."""
+    what = (f"INT8 in {c.get('engine', '?')} vs FP32 ({c.get('reference', 'the source model')}): "
+            f"{fmt(c.get('samples'))} samples of the {c.get('data', 'calibration batches')}")
+    outputs = table(["output", "cosine vs FP32", "max |err| vs FP32", "top-1 agreement"],
+                    ([o.get("name", ""), _num(o.get("cosine"), ".6f"), _num(o.get("max_abs_err"), ".4g"),
+                      "-" if o.get("top1_agreement") is None else f"{100 * o['top1_agreement']:.2f}%"]
+                     for o in c.get("outputs") or []), cls="engine-vs-fp32")
+    speed = ""
+    if c.get("int8_ms") is not None and c.get("fp32_ms") is not None:
+        speed = table(["FP32 ms", "INT8 ms", "FP32 / INT8", "batch", "rounds (median)"],
+                      [[_num(c["fp32_ms"], ".4g"), _num(c["int8_ms"], ".4g"), _num(c.get("speedup"), ".3f"),
+                        fmt(c.get("timed_batch")), fmt(c.get("timing_rounds"))]], cls="engine-latency")
+    return f"<h3>{esc(what)}</h3>\n" + outputs + speed
 
 
 def placement_section(summary: Mapping[str, Any]) -> str:
@@ -315,7 +337,11 @@ def placement_section(summary: Mapping[str, Any]) -> str:
                      _num(f32 / i8 if f32 is not None and i8 else None, ".2f"),
                      _num(r.get("loss_only"), ".2e"), _num(r.get("gain"), ".2e")]
                     + ([_num(r.get("wider_gain"), ".2e")] if wider else []))
-    return section("placement", "Placement: each region's decision", head + table(header, rows, cls="placement"))
+    extra = "".join(f"<h3>{esc(title)}</h3>\n" + value_table(summary[key])
+                    for key, title in (("int8_regions", "Regions in INT8"), ("float_reasons", "Why regions stay float"))
+                    if summary.get(key))
+    return section("placement", "Placement: each region's decision",
+                   head + table(header, rows, cls="placement") + extra)
 
 
 def layers_section(errors: Sequence[LayerError], top: int = 10) -> str:
@@ -471,7 +497,7 @@ def _legend(x: float, y: float) -> str:
     for _, color, text in items:
         parts.append(f'<rect x="{cx:.2f}" y="{y - 8:.2f}" width="10" height="10" fill="{color}"/>'
                      f'<text x="{cx + 14:.2f}" y="{y + 1:.2f}">{esc(text)}</text>')
-        cx += 28 + 5.6 * len(text)
+        cx += 28 + 5.0 * len(text)
     return "".join(parts)
 
 

@@ -15,8 +15,10 @@ from netquant.analysis import (
     check_plot_target,
     cosine,
     layer_errors,
+    markdown_table,
     plot_layer_errors,
     rich_table,
+    saturation_markdown,
     saturation_report,
     snr_db,
     worst,
@@ -30,6 +32,7 @@ from netquant.analysis.html_report import (
     file_sha256,
     write_html_report,
 )
+from netquant.atomic import write_text_atomic
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind, companions, writer
@@ -185,25 +188,56 @@ class QuantizedModel:
     def report(self, path: str | Path, data: Iterable[Any] | None = None, *, max_batches: int = 1,
                title: str | None = None, export: Any = None, output: str | Path | None = None) -> Path:
         """Write a report of this model by the path's suffix: .html one self-contained page (model, CPU, engine
-        validation, FP32 vs INT8, placement, per-layer SNR / cosine chart, saturation), .png the per-layer plot.
+        validation, FP32 vs INT8, placement, per-layer SNR / cosine chart, saturation), .md the markdown tables
+        (markdown_report), .png the per-layer plot (plot_report; needs matplotlib).
 
         data / max_batches: the batches of the per-layer and saturation tables (default: the first calibration batch).
         export / output: an exporter's report and the file it wrote (default: this model's latest export()).
         The model file is never overwritten (ExportError); the file is written whole or not at all.
         """
         suffix = Path(path).suffix.lower()
-        if suffix not in (".html", ".htm", ".png"):
+        if suffix not in (".html", ".htm", ".png", ".md"):
             raise ConfigError(f"report '{path}': unknown extension '{suffix or '(none)'}'; use .html for the "
-                              "report page or .png for the per-layer plot")
+                              "report page, .md for the markdown tables or .png for the per-layer plot")
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         OutputPlan.create([("report path", path, "report")], inputs=model_files(source) if source else (),
                           error=ExportError)
+        default_title = f"per-layer quantization error: {source.name if source else self.graph.name} on " \
+                        f"{self.platform.name}"
         if suffix == ".png":
-            self.plot_report(path, data, max_batches=max_batches, title=title)
+            self.plot_report(path, data, max_batches=max_batches, title=title or default_title)
             return Path(path)
+        if suffix == ".md":
+            return write_text_atomic(path, self.markdown_report(title or default_title, data, max_batches),
+                                     "per-layer report")
         if export is None and self.last_export is not None:
             output, export = self.last_export
         return write_html_report(self._report_data(data, max_batches, title, export, output), path)
+
+    def markdown_report(self, title: str, data: Iterable[Any] | None = None, max_batches: int = 1) -> str:
+        """The .md report: per-layer SNR / cosine table, placement decisions, int16 pair saturation."""
+        batches = self._batches(data, max_batches)
+        text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
+                "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(layer_errors(self.qgraph, batches)))
+        if self.placement is not None:
+            timed = any(r.int8_ms is not None for r in self.placement.regions) or \
+                "source_fp32_wall_ms" in self.placement.measured
+            how = ("Measured in onnxruntime on this machine (batch 1, one thread, per-node medians; each region's time "
+                   "includes its Q/DQ and layout glue). A region stays float when it runs slower in INT8 or when the "
+                   "accuracy budget needs it." if timed else
+                   "Speed is not measured for this platform's engine here: a region leaves the platform's format only "
+                   "when the accuracy budget needs it, for the platform's wider integer format first where it has one "
+                   "(decision 'wider'), else float.")
+            wider = self.platform.wider is not None
+            text += (f"\n## Placement: {'INT8, wider integer' if wider else 'INT8'} or float per region\n\n" + how
+                     + "\n\n" + self.placement.markdown())
+        if self.platform.cpu_target is not None:
+            text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first "
+                     "calibration batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with "
+                     "full-range int8 weights (`--target x86-vnni`) and with this file's weights (CPU target "
+                     f"'{self.platform.cpu_target.value}'), the share of outputs full-range weights change there, and "
+                     "the signal/saturation ratio.\n\n" + saturation_markdown(saturation_report(self.qgraph, batches)))
+        return text
 
     def _report_data(self, data: Iterable[Any] | None, max_batches: int, title: str | None, export: Any,
                      output: str | Path | None) -> ReportData:

@@ -59,37 +59,11 @@ def _check_report_path(path: Path | None) -> None:
 
 def write_layer_report(qmodel: QuantizedModel, path: Path, title: str, export: object = None,
                        output: Path | None = None) -> Path:
-    """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot; .html the
-    whole report page (QuantizedModel.report) with the export's engine results."""
-    from netquant.analysis import markdown_table, saturation_markdown
-    from netquant.atomic import write_text_atomic
-
+    """--report: .md per-layer SNR / cosine table (FP32 vs fake-quant, first calibration batch) with placement and
+    saturation, .png plot, .html the whole report page with the export's engine results (QuantizedModel.report)."""
     if path.suffix.lower() in (".html", ".htm"):
         return qmodel.report(path, export=export, output=output)
-    if path.suffix.lower() == ".png":
-        qmodel.plot_report(path, title=title)
-        return path
-    text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
-            "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
-    if qmodel.placement is not None:
-        timed = any(r.int8_ms is not None for r in qmodel.placement.regions) or \
-            "source_fp32_wall_ms" in qmodel.placement.measured
-        how = ("Measured in onnxruntime on this machine (batch 1, one thread, per-node medians; each region's time "
-               "includes its Q/DQ and layout glue). A region stays float when it runs slower in INT8 or when the "
-               "accuracy budget needs it." if timed else
-               "Speed is not measured for this platform's engine here: a region leaves the platform's format only "
-               "when the accuracy budget needs it, for the platform's wider integer format first where it has one "
-               "(decision 'wider'), else float.")
-        wider = qmodel.platform.wider is not None
-        text += (f"\n## Placement: {'INT8, wider integer' if wider else 'INT8'} or float per region\n\n" + how
-                 + "\n\n" + qmodel.placement.markdown())
-    if qmodel.platform.cpu_target is not None:
-        text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first calibration "
-                 "batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with full-range int8 "
-                 "weights (`--target x86-vnni`) and with this file's weights (CPU target "
-                 f"'{qmodel.platform.cpu_target.value}'), the share of outputs full-range weights change there, and "
-                 "the signal/saturation ratio.\n\n" + saturation_markdown(qmodel.saturation_report()))
-    return write_text_atomic(path, text, "per-layer report")
+    return qmodel.report(path, title=title)
 
 
 def _placement_line(qmodel: QuantizedModel) -> str:
