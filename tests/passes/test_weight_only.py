@@ -107,3 +107,17 @@ def test_refusals(tmp_path: Path) -> None:
     with pytest.raises(DataError, match="needs calibration data"):
         quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", WeightOnlyConfig(algorithm=WeightAlgorithm.GPTQ))
     assert not (tmp_path / "q.onnx").exists()
+
+
+def test_netquant_executor_runs_the_weight_only_file_as_onnxruntime(tmp_path: Path) -> None:
+    from tests.helpers.node_harness import run_model
+
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
+    feeds = token_feeds(2)
+    quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, WeightAlgorithm.HQQ), feeds)
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(str(tmp_path / "q.onnx"), opts).run(None, feeds[1])[0]
+    ours = run_model(model, [feeds[1]["input_ids"]])[0]
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-4, atol=1e-4)
