@@ -3,7 +3,8 @@ windows and turned into the feeds a decoder ONNX graph takes (input_ids, attenti
 
 Token arrays: a 1-D stream (cut into `seq_len` windows) or a 2-D [samples, seq] array (rows taken as they are).
 Text: `tokenizer.json` in the tokenizer folder, read with the `tokenizers` package (`pip install -e '.[llm]'`).
-A KV-cache input (name containing 'past' or 'cache') gets a zero tensor with 0 past positions.
+A KV-cache input (name containing 'past' or 'cache') gets a zero tensor with 0 past positions; GroupQueryAttention
+graphs' seqlens_k / total_sequence_length get seq - 1 and seq.
 """
 
 from __future__ import annotations
@@ -96,6 +97,10 @@ def decoder_feeds(model: onnx.ModelProto, windows: np.ndarray) -> list[Feeds]:
                 feed[name] = np.ones((1, seq), dtype=dtype)
             elif "position_ids" in lower:
                 feed[name] = np.arange(seq, dtype=dtype).reshape(1, seq)
+            elif lower == "seqlens_k":
+                feed[name] = np.full((1,), seq - 1, dtype=dtype)
+            elif lower == "total_sequence_length":
+                feed[name] = np.array(seq, dtype=dtype)
             elif "past" in lower or "cache" in lower:
                 feed[name] = np.zeros(_past_shape(info), dtype=dtype)
             else:

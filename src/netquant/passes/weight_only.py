@@ -202,6 +202,28 @@ def _fold_or_mul(model: onnx.ModelProto, reader: ExternalDataReader, activation:
         t.activation = scaled
 
 
+def _fold_into_producer_columns(model: onnx.ModelProto, activation: str, group: list[WeightMatMul],
+                                inv_scale: np.ndarray, consumers: dict[str, list[onnx.NodeProto]],
+                                by_output: dict[str, WeightMatMul], overrides: dict[str, torch.Tensor],
+                                load: Callable[[WeightMatMul], torch.Tensor]) -> bool:
+    """activation = a * b (a Mul) with b the output of a not-yet-quantized weight MatMul that feeds only this Mul: scale
+    that MatMul's output columns by 1/s (AWQ's fold of down_proj's scale into up_proj). True when folded."""
+    producer = next((n for n in model.graph.node if activation in n.output), None)
+    group_nodes = {id(t.node) for t in group}
+    if producer is None or producer.op_type != "Mul" or producer.domain not in ("", "ai.onnx") or \
+            not all(id(c) in group_nodes for c in consumers.get(activation, [])) or \
+            any(o.name == activation for o in model.graph.output):
+        return False
+    for name in producer.input:
+        source = by_output.get(name)
+        if source is None or len(consumers.get(name, [])) != 1 or len(consumers.get(source.weight, [])) != 1 \
+                or source.weight in overrides or source.activation == activation:
+            continue
+        overrides[source.weight] = load(source) * torch.from_numpy(inv_scale).unsqueeze(0)
+        return True
+    return False
+
+
 def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
     out: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:
@@ -269,23 +291,31 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
     consumers = _consumers(model)
     records: list[LayerRecord] = []
     quantized: dict[int, tuple[BlockQuantized, float, torch.Tensor]] = {}
+    overrides: dict[str, torch.Tensor] = {}  # weights [K, N] changed before quantization (AWQ folds)
     if config.algorithm is WeightAlgorithm.AWQ:
         groups: dict[str, list[WeightMatMul]] = {}
         for t in targets:
             groups.setdefault(t.activation, []).append(t)
-        for act, group in groups.items():
-            weights = [_weight_kn(reader, inits[t.weight], t) for t in group]
+        # last group first: a group's 1/s may fold into the columns of an earlier target (up_proj before down_proj)
+        for act, group in reversed(list(groups.items())):
+            weights = [overrides[t.weight] if t.weight in overrides else _weight_kn(reader, inits[t.weight], t)
+                       for t in group]
             result = awq_search(stats[act].sample_rows(), weights, spec)
             for t, bq in zip(group, result.quantized, strict=True):
                 quantized[id(t.node)] = (bq, result.alpha, result.scale)
+            del weights
             if result.alpha > 0:
-                _fold_or_mul(model, reader, act, group, (1.0 / result.scale).numpy(), consumers)
+                inv = (1.0 / result.scale).numpy()
+                by_output = {t.node.output[0]: t for t in targets if not t.bias and id(t.node) not in quantized}
+                if not _fold_into_producer_columns(model, act, group, inv, consumers, by_output, overrides,
+                                                   lambda t: _weight_kn(reader, inits[t.weight], t)):
+                    _fold_or_mul(model, reader, act, group, inv, consumers)
             if progress:
                 progress(f"awq {act}: alpha {result.alpha:.2f}")
     uses = {name: len(nodes) for name, nodes in consumers.items()}
     for i, t in enumerate(targets):
         tensor = inits[t.weight]
-        w = _weight_kn(reader, tensor, t)
+        w = overrides.pop(t.weight) if t.weight in overrides else _weight_kn(reader, tensor, t)
         if id(t.node) in quantized:
             bq, awq_alpha, awq_scale = quantized[id(t.node)]
             alpha: float | None = awq_alpha
