@@ -207,13 +207,31 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write the placement file (JSON: per-region decisions with their measurements).")
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
+@click.option("--weight-only", type=click.Choice(["int4", "int8"], case_sensitive=False), default=None,
+              help="Weight-only quantization of MatMul / Gemm weights (LLMs): MatMulNBits or blocked DQ, "
+                   "block-wise; --calib is then token ids (.npy), a text file with --tokenizer, or 'random'.")
+@click.option("--block-size", type=int, default=128, show_default=True, help="Weight-only block size (16..256).")
+@click.option("--algorithm", type=click.Choice(["rtn", "hqq", "awq", "gptq"], case_sensitive=False), default="rtn",
+              show_default=True, help="Weight-only algorithm.")
+@click.option("--asymmetric", is_flag=True, help="Weight-only: asymmetric blocks with zero points.")
+@click.option("--wo-format", type=click.Choice(["matmulnbits", "dq"], case_sensitive=False), default="matmulnbits",
+              show_default=True, help="Weight-only file form: com.microsoft.MatMulNBits (onnxruntime) or opset-21 "
+                                      "blocked DequantizeLinear (other engines).")
+@click.option("--tokenizer", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Weight-only: folder with tokenizer.json for a text --calib file.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Weight-only: tokens per calibration window.")
+@click.option("--act-order", is_flag=True, help="Weight-only GPTQ: quantize columns by descending Hessian diagonal.")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
              keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None, objective: str,
-             max_loss: float | None, placement_path: Path | None, placement_from: Path | None) -> None:
+             max_loss: float | None, placement_path: Path | None, placement_from: Path | None,
+             weight_only: str | None = None, block_size: int = 128, algorithm: str = "rtn", asymmetric: bool = False,
+             wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
+             act_order: bool = False) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
@@ -222,6 +240,12 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
 
     console = Console(stderr=True, quiet=quiet)
     t0 = time.perf_counter()
+    if weight_only is not None:
+        from netquant.cli.weight_only_cmd import run_weight_only
+
+        exclude = tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())
+        return run_weight_only(console, model, output, weight_only, block_size, algorithm.lower(), asymmetric,
+                               wo_format.lower(), calib, tokenizer, seq_len, num_calib, act_order, exclude, seed)
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
     kind = ExportKind.for_path(output)

@@ -1,0 +1,296 @@
+"""Weight-only files: MatMul weights as `com.microsoft.MatMulNBits` (onnxruntime) or as opset-21 blocked
+DequantizeLinear -> MatMul (engines that read int4 / uint4 DQ), written with external data, validated in onnxruntime.
+
+MatMulNBits (onnxruntime contrib op): Y = A @ W, W [K, N] given as
+    B            uint8 [N, n_blocks, block_size * bits / 8]   (codes of row n, two 4-bit codes a byte, low nibble first)
+    scales       float [N * n_blocks]
+    zero_points  uint8 [N * ceil(n_blocks * bits / 8)]         (4-bit zero points packed the same way)
+    attributes   K, N, bits, block_size (and accuracy_level 0: float compute of the dequantized weights)
+Blocked DQ (opset 21): DequantizeLinear(q [K, N] int4|uint4|int8|uint8, scale [n_blocks, N], zp, axis=0,
+block_size) feeding the original MatMul (K padded codes are cut: the DQ input has exactly K rows).
+
+Large tensors go to one external-data file beside the model (`<name>.data`), written tensor by tensor, so memory
+stays near one weight tensor plus the quantized ones; both files are written to temp names and renamed at the end.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from netquant.core.blockwise import BlockQuantized, pack_codes
+from netquant.errors import ExportError, ModelError
+
+MS_DOMAIN = "com.microsoft"
+EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external-data file
+
+
+class WeightOnlyFormat(enum.Enum):
+    """How the quantized weights are written."""
+
+    MATMUL_NBITS = "matmulnbits"  # com.microsoft.MatMulNBits: onnxruntime's int4 / int8 weight-only kernel
+    BLOCKED_DQ = "dq"             # opset-21 blocked DequantizeLinear + MatMul: any engine that reads int4 DQ
+
+
+@dataclass
+class WeightMatMul:
+    """A MatMul (or Gemm without transA) whose B input is a constant 2-D float initializer W [K, N]."""
+
+    node: onnx.NodeProto
+    activation: str
+    weight: str
+    k: int
+    n: int
+    transposed: bool = False  # Gemm transB=1: the initializer is W^T [N, K]
+    bias: str = ""            # Gemm C input
+
+
+def _initializer_index(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    return {t.name: t for t in model.graph.initializer}
+
+
+def find_weight_matmuls(model: onnx.ModelProto, skip: Callable[[onnx.NodeProto], bool] | None = None
+                        ) -> list[WeightMatMul]:
+    """The MatMul / Gemm nodes of the main graph with a 2-D float32 initializer as B (K >= 16)."""
+    inits = _initializer_index(model)
+    found = []
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        if skip is not None and skip(node):
+            continue
+        tensor = inits.get(node.input[1])
+        if tensor is None or len(tensor.dims) != 2 or tensor.data_type != TensorProto.FLOAT:
+            continue
+        transposed, bias = False, ""
+        if node.op_type == "Gemm":
+            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+            if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
+                continue
+            transposed = bool(attrs.get("transB", 0))
+            bias = node.input[2] if len(node.input) > 2 else ""
+        k, n = (tensor.dims[1], tensor.dims[0]) if transposed else (tensor.dims[0], tensor.dims[1])
+        if k < 16:
+            continue
+        found.append(WeightMatMul(node, node.input[0], node.input[1], int(k), int(n), transposed, bias))
+    return found
+
+
+class ExternalDataReader:
+    """Reads initializers of a model loaded with `load_external_data=False`, one at a time (memory-mapped)."""
+
+    def __init__(self, base_dir: Path) -> None:
+        self.base_dir = base_dir
+
+    def array(self, tensor: onnx.TensorProto) -> np.ndarray:
+        if tensor.data_location != TensorProto.EXTERNAL:
+            return numpy_helper.to_array(tensor)
+        info = {e.key: e.value for e in tensor.external_data}
+        path = self.base_dir / info["location"]
+        if not path.is_file():
+            raise ModelError(f"initializer '{tensor.name}': external data file '{path}' is missing; keep the model's "
+                             "data file beside it")
+        offset, length = int(info.get("offset", 0)), info.get("length")
+        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
+        count = int(np.prod(tensor.dims)) if tensor.dims else 1
+        if length is not None and int(length) < count * np.dtype(dtype).itemsize:
+            raise ModelError(f"initializer '{tensor.name}': external data in '{path}' holds {length} bytes, the tensor "
+                             f"needs {count * np.dtype(dtype).itemsize}; the data file is truncated")
+        data = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+        return np.asarray(data).reshape(tuple(tensor.dims))
+
+    def raw_bytes(self, tensor: onnx.TensorProto) -> Iterator[bytes]:
+        """The tensor's little-endian bytes in chunks (without materializing big external tensors)."""
+        if tensor.data_location != TensorProto.EXTERNAL:
+            yield numpy_helper.to_array(tensor).tobytes()
+            return
+        info = {e.key: e.value for e in tensor.external_data}
+        path = self.base_dir / info["location"]
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else path.stat().st_size - offset
+        with open(path, "rb") as f:
+            f.seek(offset)
+            left = length
+            while left > 0:
+                chunk = f.read(min(left, 64 << 20))
+                if not chunk:
+                    raise ModelError(f"initializer '{tensor.name}': external data file '{path}' ends early")
+                left -= len(chunk)
+                yield chunk
+
+
+def _matmulnbits_tensors(prefix: str, bq: BlockQuantized) -> tuple[list[onnx.TensorProto], list[str]]:
+    spec = bq.spec
+    n, kp = bq.codes.shape
+    n_blocks = kp // spec.block_size
+    blob = spec.block_size * spec.bits // 8
+    packed = pack_codes(bq.codes, spec.bits).reshape(n, n_blocks, blob).numpy().astype(np.uint8)
+    tensors = [numpy_helper.from_array(packed, f"{prefix}_Q{spec.bits}"),
+               numpy_helper.from_array(bq.scales.reshape(-1).numpy().astype(np.float32), f"{prefix}_scales")]
+    names = [t.name for t in tensors]
+    if not (spec.symmetric and bool((bq.zero_points == spec.offset).all())):
+        zp = pack_codes(bq.zero_points.to(torch.uint8), spec.bits).reshape(-1).numpy().astype(np.uint8)
+        tensors.append(numpy_helper.from_array(zp, f"{prefix}_zero_points"))
+        names.append(tensors[-1].name)
+    return tensors, names
+
+
+def _blocked_dq_tensors(prefix: str, bq: BlockQuantized) -> tuple[list[onnx.TensorProto], list[str]]:
+    """Codes [K, N] as uint4/uint8 (asymmetric) or int4/int8 (symmetric, zero point 0), scales [n_blocks, N]."""
+    spec = bq.spec
+    codes = bq.codes[:, : bq.k].t().contiguous()  # [K, N]
+    zero = bq.zero_points.t().contiguous()
+    if spec.symmetric and bool((bq.zero_points == spec.offset).all()):
+        values = (codes.to(torch.int32) - spec.offset).numpy()
+        elem = TensorProto.INT4 if spec.bits == 4 else TensorProto.INT8
+        zp_values = np.zeros(tuple(zero.shape), dtype=np.int32)
+    else:
+        values = codes.to(torch.int32).numpy()
+        elem = TensorProto.UINT4 if spec.bits == 4 else TensorProto.UINT8
+        zp_values = zero.numpy().astype(np.int32)
+    q = _int_tensor(f"{prefix}_q", elem, values)
+    s = numpy_helper.from_array(bq.scales.t().contiguous().numpy().astype(np.float32), f"{prefix}_scale")
+    zp = _int_tensor(f"{prefix}_zp", elem, zp_values)
+    return [q, s, zp], [q.name, s.name, zp.name]
+
+
+def _int_tensor(name: str, elem: int, values: np.ndarray) -> onnx.TensorProto:
+    """An integer initializer from int values, 4-bit ones packed two a byte (low nibble first) as raw data."""
+    flat = values.reshape(-1).astype(np.int32)
+    if elem in (TensorProto.INT4, TensorProto.UINT4):
+        nib = (flat & 0x0F).astype(np.uint8)
+        if nib.size % 2:
+            nib = np.append(nib, np.uint8(0))
+        raw = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()
+    else:
+        raw = flat.astype(np.int8 if elem == TensorProto.INT8 else np.uint8).tobytes()
+    return helper.make_tensor(name, elem, list(values.shape), raw, raw=True)
+
+
+def rewrite_weight_matmul(model: onnx.ModelProto, target: WeightMatMul, bq: BlockQuantized,
+                          fmt: WeightOnlyFormat) -> list[onnx.TensorProto]:
+    """Replace `target`'s node by the weight-only form of `bq` (in place); returns the new initializers."""
+    graph = model.graph
+    node = target.node
+    index = list(graph.node).index(node)
+    prefix = target.weight
+    if fmt is WeightOnlyFormat.MATMUL_NBITS:
+        tensors, names = _matmulnbits_tensors(prefix, bq)
+        inputs = [target.activation, names[0], names[1], names[2] if len(names) > 2 else ""]
+        if target.bias:
+            inputs += ["", target.bias]  # g_idx omitted, bias
+        while inputs and inputs[-1] == "":
+            inputs.pop()
+        new = [helper.make_node("MatMulNBits", inputs, list(node.output), name=node.name or f"{prefix}_MatMulNBits",
+                                domain=MS_DOMAIN, K=target.k, N=target.n, bits=bq.spec.bits,
+                                block_size=bq.spec.block_size, accuracy_level=0)]
+    else:
+        tensors, names = _blocked_dq_tensors(prefix, bq)
+        w = f"{prefix}_dq"
+        new = [helper.make_node("DequantizeLinear", names, [w], name=f"{prefix}_DequantizeLinear", axis=0,
+                                block_size=bq.spec.block_size)]
+        if target.bias:
+            mm = f"{prefix}_matmul"
+            new += [helper.make_node("MatMul", [target.activation, w], [mm], name=node.name or f"{prefix}_MatMul"),
+                    helper.make_node("Add", [mm, target.bias], list(node.output), name=f"{prefix}_bias")]
+        else:
+            new += [helper.make_node("MatMul", [target.activation, w], list(node.output),
+                                     name=node.name or f"{prefix}_MatMul")]
+    graph.node.remove(node)
+    for offset, n in enumerate(new):
+        graph.node.insert(index + offset, n)
+    return tensors
+
+
+def ensure_opsets(model: onnx.ModelProto, fmt: WeightOnlyFormat) -> None:
+    """MatMulNBits needs the com.microsoft domain; blocked DQ needs ai.onnx opset >= 21 (the model must have been
+    converted with `export.opset.upgrade_opset` before; this only checks)."""
+    domains = {o.domain: o for o in model.opset_import}
+    if fmt is WeightOnlyFormat.MATMUL_NBITS:
+        if MS_DOMAIN not in domains:
+            model.opset_import.append(helper.make_opsetid(MS_DOMAIN, 1))
+    else:
+        default = domains.get("") or domains.get("ai.onnx")
+        if default is None or default.version < 21:
+            raise ExportError("blocked DequantizeLinear needs ai.onnx opset 21; upgrade the model first")
+        model.ir_version = max(model.ir_version, 10)
+
+
+def save_with_external_data(model: onnx.ModelProto, path: Path, reader: ExternalDataReader,
+                            check: Callable[[Path], None] | None = None) -> list[Path]:
+    """Write `model` to `path` and its tensors >= EXTERNAL_THRESHOLD bytes to `<path.name>.data`, both whole or not at
+    all: they are staged in a hidden folder beside `path`, `check(staged model path)` runs there (validation), then
+    both are renamed into place. Initializers still external in the source are copied in chunks."""
+    data_path = path.with_name(path.name + ".data")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ExportError(f"cannot write '{path}': folder '{folder}' does not exist")
+    for target in (path, data_path):
+        if target.is_dir():
+            raise ExportError(f"cannot write '{target}': it is a folder; give a file name")
+    try:
+        stage = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=folder))
+    except OSError as exc:
+        raise ExportError(f"cannot write '{path}': folder '{folder}' refuses new files ({exc.strerror})") from exc
+    tmp_model, tmp_data = stage / path.name, stage / data_path.name
+    try:
+        offset = 0
+        with open(tmp_data, "wb") as out:
+            for tensor in model.graph.initializer:
+                if _tensor_nbytes(tensor) < EXTERNAL_THRESHOLD:
+                    continue
+                pad = (-offset) % 64
+                out.write(b"\0" * pad)
+                offset += pad
+                written = 0
+                external = tensor.data_location == TensorProto.EXTERNAL
+                for chunk in reader.raw_bytes(tensor) if external else [_raw(tensor)]:
+                    out.write(chunk)
+                    written += len(chunk)
+                _set_external(tensor, data_path.name, offset, written)
+                offset += written
+        onnx.save_model(model, str(tmp_model))
+        if check is not None:
+            check(tmp_model)
+        os.replace(tmp_data, data_path)
+        os.replace(tmp_model, path)
+    except OSError as exc:
+        raise ExportError(f"writing '{path}' failed, nothing written: {exc}") from exc
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return [path, data_path]
+
+
+def _raw(tensor: onnx.TensorProto) -> bytes:
+    if tensor.HasField("raw_data"):
+        return tensor.raw_data
+    return numpy_helper.to_array(tensor).tobytes()
+
+
+def _tensor_nbytes(tensor: onnx.TensorProto) -> int:
+    if tensor.data_location == TensorProto.EXTERNAL:
+        return EXTERNAL_THRESHOLD
+    if tensor.HasField("raw_data"):
+        return len(tensor.raw_data)
+    return len(_raw(tensor))
+
+
+def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: int) -> None:
+    tensor.ClearField("raw_data")
+    for field in ("float_data", "int32_data", "int64_data", "double_data", "uint64_data", "string_data"):
+        tensor.ClearField(field)
+    del tensor.external_data[:]
+    tensor.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value

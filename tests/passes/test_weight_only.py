@@ -1,0 +1,123 @@
+"""Weight-only ONNX files (MatMulNBits, opset-21 blocked DQ) checked in onnxruntime, external data round trips."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from netquant.core.blockwise import BlockSpec, quantize_rtn
+from netquant.errors import ConfigError, DataError
+from netquant.export.weight_only import WeightOnlyFormat
+from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig, quantize_weights_onnx
+from tests.helpers.llm_models import export_tiny_llama, tiny_llama, token_feeds
+
+
+def _one_matmul(path: Path, k: int, n: int, gemm_bias: bool = False, seed: int = 0) -> np.ndarray:
+    w = np.random.default_rng(seed).standard_normal((k, n)).astype(np.float32) * 0.1
+    inits = [numpy_helper.from_array(w, "W")]
+    if gemm_bias:
+        inits = [numpy_helper.from_array(w.T.copy(), "W"), numpy_helper.from_array(np.arange(n, dtype=np.float32), "C")]
+        node = helper.make_node("Gemm", ["x", "W", "C"], ["y"], name="fc", transB=1)
+        x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])
+        y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])
+    else:
+        node = helper.make_node("MatMul", ["x", "W"], ["y"], name="fc")
+        x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])
+        y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, n])
+    graph = helper.make_graph([node], "g", [x_info], [y_info], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return w
+
+
+def _run(path: Path, x: np.ndarray,
+         level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_DISABLE_ALL) -> np.ndarray:
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = level
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+
+
+@pytest.mark.parametrize("fmt", list(WeightOnlyFormat))
+@pytest.mark.parametrize(("bits", "symmetric", "k"), [(4, True, 80), (4, False, 64), (8, True, 48), (8, False, 96)])
+def test_file_computes_the_dequantized_weights_in_onnxruntime(tmp_path: Path, fmt: WeightOnlyFormat, bits: int,
+                                                              symmetric: bool, k: int) -> None:
+    w = _one_matmul(tmp_path / "m.onnx", k, 24)
+    x = np.random.default_rng(1).standard_normal((2, 3, k)).astype(np.float32)
+    config = WeightOnlyConfig(bits, 32 if k % 32 == 0 or fmt is WeightOnlyFormat.MATMUL_NBITS else 16, symmetric,
+                              WeightAlgorithm.RTN, fmt)
+    result = quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", config, [{"x": x}])
+    expected = x @ quantize_rtn(torch.from_numpy(w), config.spec).dequantize().numpy()
+    np.testing.assert_allclose(_run(tmp_path / "q.onnx", x), expected, rtol=1e-4, atol=1e-4)
+    # with its optimizations onnxruntime fuses blocked DQ + MatMul into MatMulNBits with int8 activations
+    fused = _run(tmp_path / "q.onnx", x, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert float(np.dot(fused.ravel(), expected.ravel()) / np.linalg.norm(fused) / np.linalg.norm(expected)) > 0.999
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "q.onnx")).graph.node}
+    assert ops == ({"MatMulNBits"} if fmt is WeightOnlyFormat.MATMUL_NBITS else {"DequantizeLinear", "MatMul"})
+    assert result.cosine["y"] > 0.99
+    assert result.layers[0].k == k and result.layers[0].n == 24
+
+
+def test_gemm_with_bias_and_transposed_weight(tmp_path: Path) -> None:
+    w = _one_matmul(tmp_path / "m.onnx", 64, 16, gemm_bias=True)
+    x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
+    for fmt in WeightOnlyFormat:
+        quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / f"q_{fmt.value}.onnx",
+                              WeightOnlyConfig(4, 32, False, WeightAlgorithm.RTN, fmt), [{"x": x}])
+        got = _run(tmp_path / f"q_{fmt.value}.onnx", x)
+        expected = x @ quantize_rtn(torch.from_numpy(w), BlockSpec(4, 32, False)).dequantize().numpy() + np.arange(16)
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_llm_with_external_data_round_trips_and_data_aware_beats_rtn(tmp_path: Path) -> None:
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx", external=True)
+    before = {p.name: _digest(p) for p in tmp_path.iterdir()}
+    feeds = token_feeds(8)
+    held_out = token_feeds(4, seed=9)
+    ref = ort.InferenceSession(str(src)).run(None, held_out[0])[0]
+    errors = {}
+    for alg in WeightAlgorithm:
+        out = tmp_path / f"q_{alg.value}.onnx"
+        result = quantize_weights_onnx(src, out, WeightOnlyConfig(4, 32, True, alg), feeds)
+        assert out.with_name(out.name + ".data").is_file()
+        model = onnx.load(str(out), load_external_data=False)
+        assert sum(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer) >= 15
+        assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == len(result.layers) == 15
+        assert result.output_bytes < 0.35 * result.source_bytes
+        got = ort.InferenceSession(str(out)).run(None, held_out[0])[0]
+        errors[alg] = float(((got - ref) ** 2).mean())
+    assert {p.name: _digest(p) for p in tmp_path.iterdir() if p.name in before} == before  # inputs untouched
+    assert errors[WeightAlgorithm.GPTQ] < errors[WeightAlgorithm.RTN]
+    assert errors[WeightAlgorithm.AWQ] < errors[WeightAlgorithm.RTN]
+
+
+def test_refusals(tmp_path: Path) -> None:
+    _one_matmul(tmp_path / "m.onnx", 32, 8)
+    with pytest.raises(ConfigError, match="input model"):
+        quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / "m.onnx", WeightOnlyConfig())
+    with pytest.raises(DataError, match="needs calibration data"):
+        quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", WeightOnlyConfig(algorithm=WeightAlgorithm.GPTQ))
+    assert not (tmp_path / "q.onnx").exists()
+
+
+def test_netquant_executor_runs_the_weight_only_file_as_onnxruntime(tmp_path: Path) -> None:
+    from tests.helpers.node_harness import run_model
+
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
+    feeds = token_feeds(2)
+    quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, WeightAlgorithm.HQQ), feeds)
+    model = onnx.load(str(tmp_path / "q.onnx"))
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    ref = ort.InferenceSession(str(tmp_path / "q.onnx"), opts).run(None, feeds[1])[0]
+    ours = run_model(model, [feeds[1]["input_ids"]])[0]
+    np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-4, atol=1e-4)
