@@ -25,7 +25,8 @@ def test_weight_only_awq_from_token_file(tmp_path: Path) -> None:
                                    "--algorithm", "awq", "--calib", str(tmp_path / "tokens.npy"), "--seq-len", "16",
                                    "-o", str(out)])
     assert res.exit_code == 0, res.output
-    assert "15 weights quantized" in res.output and "cosine 0.9" in res.output
+    text = " ".join(res.output.split())
+    assert "15 weights quantized" in text and "cosine 0.9" in text
     m = onnx.load(str(out), load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in m.graph.node) == 15
     ids = np.random.default_rng(5).integers(0, 96, size=(1, 16))
@@ -63,3 +64,13 @@ def test_weight_only_random_calibration_dq_format(tmp_path: Path) -> None:
     m = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
     dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
     assert len(dq) == 15 and all(a.i == 32 for n in dq for a in n.attribute if a.name == "block_size")
+
+
+def test_weight_only_mixed_bits_from_the_cli(tmp_path: Path) -> None:
+    model = _llm(tmp_path)
+    res = CliRunner().invoke(cli, ["quantize", str(model), "--weight-only", "int4", "--block-size", "32",
+                                   "--max-loss", "0.0005", "--calib", "random", "--seq-len", "16",
+                                   "-o", str(tmp_path / "q.onnx")])
+    assert res.exit_code == 0, res.output
+    text = " ".join(res.output.split())  # rich wraps lines at the terminal width
+    assert "mixed int4 / int8:" in text and "within --max-loss 0.0005" in text

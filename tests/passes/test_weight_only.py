@@ -121,3 +121,24 @@ def test_netquant_executor_runs_the_weight_only_file_as_onnxruntime(tmp_path: Pa
     ref = ort.InferenceSession(str(tmp_path / "q.onnx"), opts).run(None, feeds[1])[0]
     ours = run_model(model, [feeds[1]["input_ids"]])[0]
     np.testing.assert_allclose(np.asarray(ours), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_mixed_int4_int8_meets_the_budget_with_the_fewest_int8_layers(tmp_path: Path) -> None:
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
+    feeds = token_feeds(4)
+    plain = quantize_weights_onnx(src, tmp_path / "q4.onnx", WeightOnlyConfig(4, 32, True), feeds)
+    loss4 = 1 - plain.cosine["logits"]
+    budget = loss4 / 3
+    mixed = quantize_weights_onnx(src, tmp_path / "qm.onnx", WeightOnlyConfig(4, 32, True, max_loss=budget), feeds)
+    search = mixed.mixed
+    assert search is not None and search.met and 0 < search.int8_layers < 15
+    assert 1 - mixed.cosine["logits"] <= budget + 1e-9  # the written file, checked again in onnxruntime
+    assert search.tried[search.int8_layers - 1] > budget  # one fewer int8 layer misses the budget
+    bits = [r.bits for r in mixed.layers]
+    assert bits.count(8) == search.int8_layers
+    sens = [r.sensitivity for r in mixed.layers]
+    assert min(s for s, b in zip(sens, bits) if b == 8) >= max(s for s, b in zip(sens, bits) if b == 4)
+    model = onnx.load(str(tmp_path / "qm.onnx"), load_external_data=False)
+    assert sorted(a.i for n in model.graph.node for a in n.attribute if a.name == "bits") == sorted(bits)
+    with pytest.raises(ConfigError, match="max_loss"):
+        WeightOnlyConfig(8, 32, max_loss=0.01)

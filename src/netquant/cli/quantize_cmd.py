@@ -245,7 +245,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
 
         exclude = tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())
         return run_weight_only(console, model, output, weight_only, block_size, algorithm.lower(), asymmetric,
-                               wo_format.lower(), calib, tokenizer, seq_len, num_calib, act_order, exclude, seed)
+                               wo_format.lower(), calib, tokenizer, seq_len, num_calib, act_order, exclude, seed,
+                               max_loss)
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
     kind = ExportKind.for_path(output)

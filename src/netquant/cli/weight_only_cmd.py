@@ -15,7 +15,8 @@ WEIGHT_ONLY_BITS = {"int4": 4, "int8": 8}
 
 def run_weight_only(console: Console, model: Path, output: Path, weight_only: str, block_size: int, algorithm: str,
                     asymmetric: bool, fmt: str, calib: str, tokenizer: Path | None, seq_len: int,
-                    num_calib: int | None, act_order: bool, exclude: tuple[str, ...], seed: int) -> None:
+                    num_calib: int | None, act_order: bool, exclude: tuple[str, ...], seed: int,
+                    max_loss: float | None = None) -> None:
     """Plan the outputs (never an input), quantize, print what was written and the check against FP32."""
     from netquant.api.weight_only import quantize_weights
     from netquant.data.tokens import decoder_feeds, random_windows
@@ -39,11 +40,15 @@ def run_weight_only(console: Console, model: Path, output: Path, weight_only: st
         result = quantize_weights(model, output, bits=bits, block_size=block_size, symmetric=not asymmetric,
                                   algorithm=algorithm, format=fmt, act_order=act_order, exclude=exclude,
                                   calib=calib_path, tokenizer=tokenizer, seq_len=seq_len, num_calib=num_calib or 32,
-                                  feeds=feeds, progress=lambda m: status.update(m))
+                                  feeds=feeds, max_loss=max_loss, progress=lambda m: status.update(m))
     mb = 1 << 20
     console.print(f"{weight_only} {algorithm} block {block_size}: {len(result.layers)} weights quantized"
                   + (f", {len(result.skipped)} excluded" if result.skipped else "")
                   + f"; {result.source_bytes / mb:.1f} MB -> {result.output_bytes / mb:.1f} MB in {result.seconds:.1f} s")
+    if result.mixed is not None:
+        m = result.mixed
+        console.print(f"mixed int4 / int8: {m.int8_layers} of {len(result.layers)} layers int8, output loss "
+                      f"{m.loss:.5f} {'within' if m.met else 'NOT within (all int8)'} --max-loss {m.max_loss}")
     for name, cos in result.cosine.items():
         console.print(f"onnxruntime output '{name}' vs FP32 on calibration windows: cosine {cos:.5f}")
     console.print(f"wrote {', '.join(str(f) for f in result.files)}")

@@ -14,6 +14,7 @@ The source model is never loaded whole: weights are read one at a time from thei
 from __future__ import annotations
 
 import enum
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -76,6 +77,13 @@ class WeightOnlyConfig:
     fmt: WeightOnlyFormat = WeightOnlyFormat.MATMUL_NBITS
     act_order: bool = False
     exclude: tuple[str, ...] = ()
+    max_loss: float | None = None  # mixed int4 / int8 within this output loss (1 - cosine vs FP32); None: all `bits`
+
+    def __post_init__(self) -> None:
+        if self.max_loss is not None and (not math.isfinite(self.max_loss) or not 0 <= self.max_loss < 1):
+            raise ConfigError(f"weight-only max_loss={self.max_loss}: give a number in [0, 1), e.g. 0.01")
+        if self.max_loss is not None and self.bits != 4:
+            raise ConfigError("weight-only max_loss mixes int4 and int8 layers: use it with bits=4")
 
     @property
     def spec(self) -> BlockSpec:
@@ -92,6 +100,8 @@ class LayerRecord:
     n: int
     weight_mse: float
     awq_alpha: float | None = None
+    bits: int = 4
+    sensitivity: float | None = None
 
 
 @dataclass
@@ -104,6 +114,7 @@ class WeightOnlyResult:
     source_bytes: int = 0
     output_bytes: int = 0
     seconds: float = 0.0
+    mixed: MixedSearch | None = None
 
 
 def _excluded(target: WeightMatMul, patterns: list[NamePattern]) -> bool:
@@ -251,9 +262,10 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
         raise ModelError(f"model '{model_path}' does not exist")
     if out == src or out.with_name(out.name + ".data") == src:
         raise ConfigError(f"output '{output}' is the input model; choose another path (inputs are never overwritten)")
-    if config.algorithm.needs_data and not feeds:
-        raise DataError(f"weight-only {config.algorithm.value} needs calibration data; give feeds / --calib, or use "
-                        "algorithm rtn or hqq")
+    if (config.algorithm.needs_data or config.max_loss is not None) and not feeds:
+        what = "mixed int4 / int8 (max_loss)" if config.max_loss is not None else config.algorithm.value
+        raise DataError(f"weight-only {what} needs calibration data; give feeds / --calib, or use algorithm rtn or "
+                        "hqq without max_loss")
     try:
         model = onnx.load_model(str(src), load_external_data=False)
     except Exception as exc:
@@ -279,7 +291,7 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
     reference: list[list[np.ndarray]] = []
     stats: dict[str, InputStatistics] = {}
     if feeds:
-        if config.algorithm.needs_data:
+        if config.algorithm.needs_data or config.max_loss is not None:
             stats = collect_input_statistics(model, src.parent, targets, feeds,
                                              config.algorithm is WeightAlgorithm.GPTQ, progress)
         session = _Session(model, src.parent)
@@ -312,16 +324,18 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
                     _fold_or_mul(model, reader, act, group, inv, consumers)
             if progress:
                 progress(f"awq {act}: alpha {result.alpha:.2f}")
-    uses = {name: len(nodes) for name, nodes in consumers.items()}
+    chosen: dict[int, BlockQuantized] = {}
+    wide: dict[int, BlockQuantized] = {}
+    spec8 = BlockSpec(8, spec.block_size, spec.symmetric)
     for i, t in enumerate(targets):
-        tensor = inits[t.weight]
-        w = overrides.pop(t.weight) if t.weight in overrides else _weight_kn(reader, tensor, t)
+        w = overrides.pop(t.weight) if t.weight in overrides else _weight_kn(reader, inits[t.weight], t)
         if id(t.node) in quantized:
-            bq, awq_alpha, awq_scale = quantized[id(t.node)]
+            bq, awq_alpha, awq_scale = quantized.pop(id(t.node))
             alpha: float | None = awq_alpha
+            w_eff = w * awq_scale.unsqueeze(1)
             mse = float(((bq.dequantize() / awq_scale.unsqueeze(1) - w) ** 2).mean())
         else:
-            alpha = None
+            alpha, w_eff = None, w
             if config.algorithm is WeightAlgorithm.GPTQ:
                 bq = quantize_gptq(w, stats[t.activation].hessian(t.activation), spec, act_order=config.act_order,
                                    name=t.weight)
@@ -330,14 +344,25 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
             else:
                 bq = quantize_rtn(w, spec)
             mse = float(((bq.dequantize() - w) ** 2).mean())
-        new = rewrite_weight_matmul(model, t, bq, config.fmt)
-        model.graph.initializer.extend(new)
-        uses[t.weight] -= 1
-        if uses[t.weight] == 0 and t.weight not in {o.name for o in model.graph.output}:
-            model.graph.initializer.remove(tensor)
-        records.append(LayerRecord(t.node.name, t.weight, t.k, t.n, mse, alpha))
+        chosen[id(t.node)] = bq
+        record = LayerRecord(t.node.name, t.weight, t.k, t.n, mse, alpha, bits=config.bits)
+        if config.max_loss is not None:
+            wide[id(t.node)] = quantize_rtn(w_eff, spec8)
+            rows = stats[t.activation].sample_rows()
+            ref = rows @ w_eff
+            record.sensitivity = float(((rows @ bq.dequantize() - ref) ** 2).sum() / (ref * ref).sum().clamp_min(1e-30))
+        records.append(record)
         if progress:
             progress(f"quantized {i + 1}/{len(targets)}: {t.node.name or t.weight}")
+    search: MixedSearch | None = None
+    if config.max_loss is not None:
+        search = _mixed_search(model, src.parent, targets, records, chosen, wide, config, feeds[:4], output_names,
+                               reference, progress)
+        for t, record in zip(targets, records, strict=True):
+            if record.bits == 8:
+                chosen[id(t.node)] = wide[id(t.node)]
+        wide.clear()
+    _rewrite_all(model, targets, chosen, config.fmt)
     ensure_opsets(model, config.fmt)
     cosine: dict[str, float] = {}
 
@@ -347,9 +372,87 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
 
     files = save_with_external_data(model, out, reader, check)
     result = WeightOnlyResult(out, files, records, skipped, cosine, source_bytes=_model_bytes(src),
-                              output_bytes=sum(f.stat().st_size for f in files))
+                              output_bytes=sum(f.stat().st_size for f in files), mixed=search)
     result.seconds = time.perf_counter() - start
     return result
+
+
+def _rewrite_all(model: onnx.ModelProto, targets: list[WeightMatMul], codes: dict[int, BlockQuantized],
+                 fmt: WeightOnlyFormat) -> None:
+    """Every target's node rewritten with its codes; float weights no other node reads are dropped."""
+    consumers = _consumers(model)
+    uses = {name: len(nodes) for name, nodes in consumers.items()}
+    inits = {t.name: t for t in model.graph.initializer}
+    outputs = {o.name for o in model.graph.output}
+    for t in targets:
+        model.graph.initializer.extend(rewrite_weight_matmul(model, t, codes[id(t.node)], fmt))
+        uses[t.weight] -= 1
+        if uses[t.weight] == 0 and t.weight not in outputs:
+            model.graph.initializer.remove(inits[t.weight])
+
+
+@dataclass
+class MixedSearch:
+    """Mixed int4 / int8: layers ranked by sensitivity (relative output error of the layer at 4 bits on calibration
+    rows), the smallest number k of most sensitive layers in int8 whose file keeps 1 - min output cosine vs FP32 within
+    max_loss (bisection on k, each candidate run in onnxruntime); the losses measured per k tried."""
+
+    max_loss: float
+    int8_layers: int
+    loss: float
+    tried: dict[int, float]
+    met: bool
+
+
+def _mixed_search(model: onnx.ModelProto, base_dir: Path, targets: list[WeightMatMul], records: list[LayerRecord],
+                  int4: dict[int, BlockQuantized], int8: dict[int, BlockQuantized], config: WeightOnlyConfig,
+                  feeds: Sequence[Feeds], names: list[str], reference: list[list[np.ndarray]],
+                  progress: Callable[[str], None] | None) -> MixedSearch:
+    order = sorted(range(len(targets)), key=lambda i: (-(records[i].sensitivity or 0.0), i))
+    tried: dict[int, float] = {}
+
+    def loss(k: int) -> float:
+        if k not in tried:
+            wide = {id(targets[i].node) for i in order[:k]}
+            candidate = onnx.ModelProto()
+            candidate.CopyFrom(model)
+            copies = [WeightMatMul(candidate.graph.node[list(model.graph.node).index(t.node)], t.activation, t.weight,
+                                   t.k, t.n, t.transposed, t.bias) for t in targets]
+            codes = {id(c.node): (int8 if id(t.node) in wide else int4)[id(t.node)]
+                     for c, t in zip(copies, targets, strict=True)}
+            _rewrite_all(candidate, copies, codes, config.fmt)
+            ensure_opsets(candidate, config.fmt)
+            session = _Session(candidate, base_dir)
+            try:
+                worst = 1.0
+                for feed, ref in zip(feeds, reference, strict=True):
+                    for got, want in zip(session.run(names, feed), ref, strict=True):
+                        worst = min(worst, _cosine(got, want))
+            finally:
+                session.close()
+            tried[k] = 1.0 - worst
+            if progress:
+                progress(f"mixed int4/int8: {k} layers int8, loss {tried[k]:.5f}")
+        return tried[k]
+
+    budget = float(config.max_loss or 0.0)
+    n = len(targets)
+    if loss(0) <= budget:
+        k, met = 0, True
+    elif loss(n) > budget:
+        k, met = n, False
+    else:
+        lo, hi = 0, n  # loss(lo) > budget >= loss(hi)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if loss(mid) <= budget:
+                hi = mid
+            else:
+                lo = mid
+        k, met = hi, True
+    for i in order[:k]:
+        records[i].bits = 8
+    return MixedSearch(budget, k, tried[k], dict(sorted(tried.items())), met)
 
 
 def _model_bytes(path: Path) -> int:
