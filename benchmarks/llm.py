@@ -210,6 +210,34 @@ def ort_peer(src: Path, out: Path, block: int, algo: str) -> float:
     return time.perf_counter() - t0
 
 
+def nncf_peer(src: Path, out: Path, block: int, mode: str, feeds: list[dict[str, np.ndarray]] | None) -> float:
+    """NNCF compress_weights on the ONNX model (its defaults: embedding and lm_head kept int8_asym as backup);
+    `feeds` turns on its data-aware AWQ + scale estimation. Returns seconds."""
+    import nncf
+    import onnx
+
+    t0 = time.perf_counter()
+    model = onnx.load(str(src))
+    kwargs = {"mode": getattr(nncf.CompressWeightsMode, mode), "group_size": block, "ratio": 1.0}
+    if feeds is not None:
+        kwargs.update(dataset=nncf.Dataset(feeds), awq=True, scale_estimation=True)
+    q = nncf.compress_weights(model, **kwargs)
+    onnx.save(q, str(out), save_as_external_data=True, location=out.name + ".data")
+    return time.perf_counter() - t0
+
+
+def _peer_row(rows: list[str], label: str, block: int, run, out: Path, evals: np.ndarray, fp32: float) -> None:
+    try:
+        secs = run()
+        bpb = bits_per_byte(out, evals)
+        rows.append(f"| {label} | {block} | {bpb:.4f} | {2 ** bpb:.4f} | {2 ** bpb - 2 ** fp32:+.4f} | {_mb(out)} | "
+                    f"{secs:.1f} |")
+    except Exception as exc:  # a peer that fails is reported, not hidden
+        msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:120].replace("|", "/")
+        rows.append(f"| {label} | {block} | failed: {msg} | | | | |")
+    print(rows[-1], flush=True)
+
+
 def part_accuracy(workdir: Path, rows: list[str]) -> None:
     model, info = train(workdir)
     train_ids, held, what = corpus()
@@ -245,15 +273,15 @@ def part_accuracy(workdir: Path, rows: list[str]) -> None:
     for block in (32, 128):
         for algo in ("rtn", "hqq"):
             out = workdir / f"small_ort_{algo}_b{block}.onnx"
-            try:
-                secs = ort_peer(src, out, block, algo)
-                bpb = bits_per_byte(out, evals)
-                rows.append(f"| ORT matmul_nbits_quantizer int4 {algo} | {block} | {bpb:.4f} | {2 ** bpb:.4f} | "
-                            f"{2 ** bpb - 2 ** fp32:+.4f} | {_mb(out)} | {secs:.1f} |")
-            except Exception as exc:  # a peer that fails is reported, not hidden
-                rows.append(f"| ORT matmul_nbits_quantizer int4 {algo} | {block} | failed: {type(exc).__name__}: "
-                            f"{str(exc)[:80]} | | | | |")
-            print(rows[-1], flush=True)
+            _peer_row(rows, f"ORT matmul_nbits_quantizer int4 {algo}", block,
+                      lambda out=out, block=block, algo=algo: ort_peer(src, out, block, algo), out, evals, fp32)
+        for mode in ("INT4_SYM", "INT4_ASYM"):
+            out = workdir / f"small_nncf_{mode}_b{block}.onnx"
+            _peer_row(rows, f"NNCF compress_weights {mode} (data-free; embedding, lm_head int8)", block,
+                      lambda out=out, block=block, mode=mode: nncf_peer(src, out, block, mode, None), out, evals, fp32)
+        out = workdir / f"small_nncf_awq_b{block}.onnx"
+        _peer_row(rows, "NNCF compress_weights INT4_SYM + AWQ + scale estimation", block,
+                  lambda out=out, block=block: nncf_peer(src, out, block, "INT4_SYM", feeds), out, evals, fp32)
     rows.append("")
 
 
@@ -283,9 +311,9 @@ def decode_tokens_per_s(path: Path, config: DecoderConfig, threads: int, prompt:
     return new / (time.perf_counter() - t0)
 
 
-def _child_quantize(src: str, out: str) -> None:
+def _child_quantize(src: str, out: str, level: str) -> None:
     t0 = time.perf_counter()
-    quantize_weights_onnx(src, out, WeightOnlyConfig(4, 128, True, WeightAlgorithm.RTN))
+    quantize_weights_onnx(src, out, WeightOnlyConfig(4, 128, True, WeightAlgorithm.RTN, accuracy_level=int(level)))
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": peak}))
 
@@ -297,22 +325,29 @@ def part_size(workdir: Path, rows: list[str]) -> None:
         write_decoder_onnx(src, BIG, random_weights(BIG, SEED))
         print(f"wrote {src} in {time.perf_counter() - t0:.0f} s", flush=True)
     out = workdir / "big_int4.onnx"
-    child = subprocess.run([sys.executable, __file__, "--child-quantize", str(src), str(out)], check=True,
-                           capture_output=True, text=True)
-    stats = json.loads(child.stdout.strip().splitlines()[-1])
+    fast = workdir / "big_int4_level4.onnx"
+    stats = {}
+    for path, level in ((out, 0), (fast, 4)):
+        child = subprocess.run([sys.executable, __file__, "--child-quantize", str(src), str(path), str(level)],
+                               check=True, capture_output=True, text=True)
+        stats[level] = json.loads(child.stdout.strip().splitlines()[-1])
     fp32_bytes = sum(int(np.prod(s)) for _, s in BIG.weight_shapes()) * 4
     rows += [f"Model: random-init Llama-style decoder, {BIG.parameters() / 1e9:.2f}B parameters ({BIG.layers} layers, "
              f"d {BIG.dim}, {BIG.heads} / {BIG.kv_heads} heads, SwiGLU {BIG.hidden}, vocab {BIG.vocab}), "
              "GroupQueryAttention with KV cache, external data. Random weights: size and speed only.", "",
-             "| what | FP32 | netquant int4 RTN, block 128 |", "|---|---|---|",
-             f"| file (model + data) MB | {_mb(src)} | {_mb(out)} |",
-             f"| quantization time s | - | {stats['seconds']:.1f} |",
+             "| what | FP32 | netquant int4 RTN, block 128 (accuracy_level 0: float compute) | same, accuracy_level 4 "
+             "(int8 activations) |", "|---|---|---|---|",
+             f"| file (model + data) MB | {_mb(src)} | {_mb(out)} | {_mb(fast)} |",
+             f"| quantization time s | - | {stats[0]['seconds']:.1f} | {stats[4]['seconds']:.1f} |",
              f"| quantization peak RSS GB (FP32 weights {fp32_bytes / 1e9:.2f} GB) | - | "
-             f"{stats['peak_rss'] / 1e9:.2f} ({stats['peak_rss'] / fp32_bytes:.2f}x the FP32 weight bytes) |"]
+             + " | ".join(f"{stats[lv]['peak_rss'] / 1e9:.2f} ({stats[lv]['peak_rss'] / fp32_bytes:.2f}x the FP32 "
+                          "weight bytes)" for lv in (0, 4)) + " |"]
     for threads in (1, 2):
         fp = decode_tokens_per_s(src, BIG, threads)
         q4 = decode_tokens_per_s(out, BIG, threads)
-        rows.append(f"| decode tokens/s, batch 1, {threads} thread(s) | {fp:.2f} | {q4:.2f} ({q4 / fp:.2f}x) |")
+        q4f = decode_tokens_per_s(fast, BIG, threads)
+        rows.append(f"| decode tokens/s, batch 1, {threads} thread(s) | {fp:.2f} | {q4:.2f} ({q4 / fp:.2f}x) | "
+                    f"{q4f:.2f} ({q4f / fp:.2f}x) |")
         print(rows[-1], flush=True)
     rows.append("")
 
@@ -320,7 +355,7 @@ def part_size(workdir: Path, rows: list[str]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=["accuracy", "size", "both"], default="both")
-    parser.add_argument("--child-quantize", nargs=2)
+    parser.add_argument("--child-quantize", nargs=3)
     args = parser.parse_args()
     if args.child_quantize:
         _child_quantize(*args.child_quantize)

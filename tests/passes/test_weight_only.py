@@ -142,3 +142,11 @@ def test_mixed_int4_int8_meets_the_budget_with_the_fewest_int8_layers(tmp_path: 
     assert sorted(a.i for n in model.graph.node for a in n.attribute if a.name == "bits") == sorted(bits)
     with pytest.raises(ConfigError, match="max_loss"):
         WeightOnlyConfig(8, 32, max_loss=0.01)
+
+
+def test_without_calibration_data_the_file_is_still_checked_in_onnxruntime(tmp_path: Path) -> None:
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
+    result = quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(8, 32, True, accuracy_level=4))
+    assert result.cosine["logits"] > 0.999  # int8 blocks, int8 activations in onnxruntime: near FP32
+    model = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
+    assert {a.i for n in model.graph.node for a in n.attribute if a.name == "accuracy_level"} == {4}

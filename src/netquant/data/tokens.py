@@ -110,11 +110,39 @@ def decoder_feeds(model: onnx.ModelProto, windows: np.ndarray) -> list[Feeds]:
     return feeds
 
 
-def random_windows(model_path: str | os.PathLike[str], count: int, seq_len: int, seed: int = 0) -> np.ndarray:
-    """Random token ids below the vocabulary size (rows of the Gather table fed by input_ids; 32000 if none)."""
-    model = onnx.load_model(str(model_path), load_external_data=False)
+def vocabulary_size(model: onnx.ModelProto, default: int = 32000) -> int:
+    """Rows of the Gather table that input_ids index (the embedding), else `default`."""
     shapes = {t.name: list(t.dims) for t in model.graph.initializer}
     ids = {i.name for i in model.graph.input if "input_ids" in i.name.lower()}
-    vocab = next((shapes[n.input[0]][0] for n in model.graph.node
-                  if n.op_type == "Gather" and n.input[1] in ids and len(shapes.get(n.input[0], [])) == 2), 32000)
+    return next((shapes[n.input[0]][0] for n in model.graph.node
+                 if n.op_type == "Gather" and len(n.input) > 1 and n.input[1] in ids
+                 and len(shapes.get(n.input[0], [])) == 2), default)
+
+
+def random_windows(model_path: str | os.PathLike[str], count: int, seq_len: int, seed: int = 0) -> np.ndarray:
+    """Random token ids below the vocabulary size."""
+    vocab = vocabulary_size(onnx.load_model(str(model_path), load_external_data=False))
     return np.random.default_rng(seed).integers(0, vocab, size=(count, seq_len), dtype=np.int64)
+
+
+def validation_feeds(model: onnx.ModelProto, seq_len: int = 16, seed: int = 0) -> list[Feeds]:
+    """Feeds to check a file runs when no calibration data was given: a decoder's inputs from random token ids below the
+    vocabulary, else random normal floats / zero ints with symbolic dims set to 1 (named KV-cache dims to 0)."""
+    init_names = {t.name for t in model.graph.initializer}
+    windows = np.random.default_rng(seed).integers(0, vocabulary_size(model), size=(1, seq_len), dtype=np.int64)
+    try:
+        return decoder_feeds(model, windows)
+    except DataError:
+        pass
+    rng = np.random.default_rng(seed)
+    feed: Feeds = {}
+    for info in model.graph.input:
+        if info.name in init_names:
+            continue
+        elem = info.type.tensor_type.elem_type
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(elem) if elem else np.float32
+        dims = [d.dim_value if d.HasField("dim_value") else (0 if "past" in d.dim_param else 1)
+                for d in info.type.tensor_type.shape.dim]
+        feed[info.name] = rng.standard_normal(dims).astype(dtype) if np.issubdtype(dtype, np.floating) else \
+            np.zeros(dims, dtype=dtype)
+    return [feed]

@@ -5,7 +5,8 @@ MatMulNBits (onnxruntime contrib op): Y = A @ W, W [K, N] given as
     B            uint8 [N, n_blocks, block_size * bits / 8]   (codes of row n, two 4-bit codes a byte, low nibble first)
     scales       float [N * n_blocks]
     zero_points  uint8 [N * ceil(n_blocks * bits / 8)]         (4-bit zero points packed the same way)
-    attributes   K, N, bits, block_size (and accuracy_level 0: float compute of the dequantized weights)
+    attributes   K, N, bits, block_size, accuracy_level (0: float compute of the dequantized weights; 4: onnxruntime
+                 quantizes the activations to int8 per block and runs its int8 kernels: faster, slightly less exact)
 Blocked DQ (opset 21): DequantizeLinear(q [K, N] int4|uint4|int8|uint8, scale [n_blocks, N], zp, axis=0,
 block_size) feeding the original MatMul (K padded codes are cut: the DQ input has exactly K rows).
 
@@ -178,7 +179,7 @@ def _int_tensor(name: str, elem: int, values: np.ndarray) -> onnx.TensorProto:
 
 
 def rewrite_weight_matmul(model: onnx.ModelProto, target: WeightMatMul, bq: BlockQuantized,
-                          fmt: WeightOnlyFormat) -> list[onnx.TensorProto]:
+                          fmt: WeightOnlyFormat, accuracy_level: int = 0) -> list[onnx.TensorProto]:
     """Replace `target`'s node by the weight-only form of `bq` (in place); returns the new initializers."""
     graph = model.graph
     node = target.node
@@ -193,7 +194,7 @@ def rewrite_weight_matmul(model: onnx.ModelProto, target: WeightMatMul, bq: Bloc
             inputs.pop()
         new = [helper.make_node("MatMulNBits", inputs, list(node.output), name=node.name or f"{prefix}_MatMulNBits",
                                 domain=MS_DOMAIN, K=target.k, N=target.n, bits=bq.spec.bits,
-                                block_size=bq.spec.block_size, accuracy_level=0)]
+                                block_size=bq.spec.block_size, accuracy_level=accuracy_level)]
     else:
         tensors, names = _blocked_dq_tensors(prefix, bq)
         w = f"{prefix}_dq"

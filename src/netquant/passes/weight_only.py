@@ -36,6 +36,7 @@ from netquant.core.blockwise import (
 )
 from netquant.core.gptq import quantize_gptq
 from netquant.core.selectors import NamePattern
+from netquant.data.tokens import validation_feeds
 from netquant.errors import ConfigError, DataError, ExportError, ModelError
 from netquant.export.opset import upgrade_opset
 from netquant.export.weight_only import (
@@ -78,10 +79,13 @@ class WeightOnlyConfig:
     act_order: bool = False
     exclude: tuple[str, ...] = ()
     max_loss: float | None = None  # mixed int4 / int8 within this output loss (1 - cosine vs FP32); None: all `bits`
+    accuracy_level: int = 0  # MatMulNBits: 0 float compute, 4 int8 activations (onnxruntime's fast int8 kernels)
 
     def __post_init__(self) -> None:
         if self.max_loss is not None and (not math.isfinite(self.max_loss) or not 0 <= self.max_loss < 1):
             raise ConfigError(f"weight-only max_loss={self.max_loss}: give a number in [0, 1), e.g. 0.01")
+        if self.accuracy_level not in (0, 1, 2, 3, 4):
+            raise ConfigError(f"weight-only accuracy_level={self.accuracy_level}: use 0 (float) .. 4 (int8 activations)")
         if self.max_loss is not None and self.bits != 4:
             raise ConfigError("weight-only max_loss mixes int4 and int8 layers: use it with bits=4")
 
@@ -254,7 +258,7 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
                           config: WeightOnlyConfig, feeds: Sequence[Feeds] = (),
                           progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
     """Weight-only quantize `model_path` into `output` (module docstring). `feeds`: calibration inputs by name (needed
-    by AWQ / GPTQ, used for validation by all)."""
+    by AWQ / GPTQ and max_loss, used for validation by all; without them the file is validated on random inputs)."""
     start = time.perf_counter()
     src = Path(model_path).resolve()
     out = Path(output).resolve()
@@ -288,6 +292,8 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
                          + (f" outside the excluded {list(config.exclude)}" if skipped else ""))
     spec = config.spec
     output_names = [o.name for o in model.graph.output]
+    if not feeds:  # no calibration data: the file is still run and compared with FP32 on random inputs
+        feeds = validation_feeds(model)
     reference: list[list[np.ndarray]] = []
     stats: dict[str, InputStatistics] = {}
     if feeds:
@@ -362,7 +368,7 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
             if record.bits == 8:
                 chosen[id(t.node)] = wide[id(t.node)]
         wide.clear()
-    _rewrite_all(model, targets, chosen, config.fmt)
+    _rewrite_all(model, targets, chosen, config.fmt, config.accuracy_level)
     ensure_opsets(model, config.fmt)
     cosine: dict[str, float] = {}
 
@@ -378,14 +384,14 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
 
 
 def _rewrite_all(model: onnx.ModelProto, targets: list[WeightMatMul], codes: dict[int, BlockQuantized],
-                 fmt: WeightOnlyFormat) -> None:
+                 fmt: WeightOnlyFormat, accuracy_level: int = 0) -> None:
     """Every target's node rewritten with its codes; float weights no other node reads are dropped."""
     consumers = _consumers(model)
     uses = {name: len(nodes) for name, nodes in consumers.items()}
     inits = {t.name: t for t in model.graph.initializer}
     outputs = {o.name for o in model.graph.output}
     for t in targets:
-        model.graph.initializer.extend(rewrite_weight_matmul(model, t, codes[id(t.node)], fmt))
+        model.graph.initializer.extend(rewrite_weight_matmul(model, t, codes[id(t.node)], fmt, accuracy_level))
         uses[t.weight] -= 1
         if uses[t.weight] == 0 and t.weight not in outputs:
             model.graph.initializer.remove(inits[t.weight])
@@ -420,7 +426,7 @@ def _mixed_search(model: onnx.ModelProto, base_dir: Path, targets: list[WeightMa
                                    t.k, t.n, t.transposed, t.bias) for t in targets]
             codes = {id(c.node): (int8 if id(t.node) in wide else int4)[id(t.node)]
                      for c, t in zip(copies, targets, strict=True)}
-            _rewrite_all(candidate, copies, codes, config.fmt)
+            _rewrite_all(candidate, copies, codes, config.fmt, config.accuracy_level)
             ensure_opsets(candidate, config.fmt)
             session = _Session(candidate, base_dir)
             try:
