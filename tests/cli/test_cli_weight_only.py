@@ -58,12 +58,12 @@ def test_weight_only_text_without_tokenizer_is_a_clear_error(tmp_path: Path) -> 
 def test_weight_only_random_calibration_dq_format(tmp_path: Path) -> None:
     model = _llm(tmp_path)
     res = CliRunner().invoke(cli, ["quantize", str(model), "--weight-only", "int4", "--wo-format", "dq",
-                                   "--block-size", "32", "--asymmetric", "--calib", "random", "--seq-len", "16",
+                                   "--block-size", "32", "--asymmetric", "--embeddings", "--calib", "random", "--seq-len", "16",
                                    "-o", str(tmp_path / "q.onnx")])
     assert res.exit_code == 0, res.output
     m = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
     dq = [n for n in m.graph.node if n.op_type == "DequantizeLinear"]
-    assert len(dq) == 15 and all(a.i == 32 for n in dq for a in n.attribute if a.name == "block_size")
+    assert len(dq) == 16 and all(a.i == 32 for n in dq for a in n.attribute if a.name == "block_size")  # + the table
 
 
 def test_weight_only_mixed_bits_from_the_cli(tmp_path: Path) -> None:

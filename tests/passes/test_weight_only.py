@@ -150,3 +150,29 @@ def test_without_calibration_data_the_file_is_still_checked_in_onnxruntime(tmp_p
     assert result.cosine["logits"] > 0.999  # int8 blocks, int8 activations in onnxruntime: near FP32
     model = onnx.load(str(tmp_path / "q.onnx"), load_external_data=False)
     assert {a.i for n in model.graph.node for a in n.attribute if a.name == "accuracy_level"} == {4}
+
+
+@pytest.mark.parametrize("fmt", list(WeightOnlyFormat))
+def test_embedding_tables_quantized_per_row_blocks(tmp_path: Path, fmt: WeightOnlyFormat) -> None:
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
+    plain = quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, fmt=fmt))
+    emb = quantize_weights_onnx(src, tmp_path / "qe.onnx", WeightOnlyConfig(4, 32, False, fmt=fmt, embeddings=True))
+    assert len(emb.layers) == len(plain.layers) + 1 and emb.layers[-1].n == 96  # the 96 x 64 table
+    assert emb.output_bytes < plain.output_bytes - 96 * 64 * 4 * 0.7
+    model = onnx.load(str(tmp_path / "qe.onnx"), load_external_data=False)
+    ops = [n.op_type for n in model.graph.node]
+    assert ("GatherBlockQuantized" in ops) == (fmt is WeightOnlyFormat.MATMUL_NBITS)
+    assert emb.cosine["logits"] > 0.98
+    # the table onnxruntime gathers is the block dequantization of the rows
+    ids = np.array([[1, 5, 95]])
+    table = numpy_helper.to_array(next(t for t in onnx.load(str(src)).graph.initializer if t.name == "embed.weight"))
+    from netquant.export.weight_only import find_embedding_gathers
+
+    assert len(find_embedding_gathers(onnx.load(str(src)))) == 1
+    rows = quantize_rtn(torch.from_numpy(table).t(), BlockSpec(4, 32, False)).dequantize().t().numpy()[ids]
+    probe = onnx.load(str(tmp_path / "qe.onnx"))
+    gather_out = next(n.output[0] for n in probe.graph.node if n.op_type in ("Gather", "GatherBlockQuantized")
+                      and "embed" in n.input[0])
+    probe.graph.output.append(helper.make_empty_tensor_value_info(gather_out))
+    got = ort.InferenceSession(probe.SerializeToString()).run([gather_out], {"input_ids": ids})[0]
+    np.testing.assert_allclose(got, rows, rtol=1e-5, atol=1e-6)

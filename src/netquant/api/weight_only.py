@@ -36,7 +36,7 @@ def quantize_weights(model: str | os.PathLike[str], output: str | os.PathLike[st
                      exclude: Sequence[str] = (), calib: str | os.PathLike[str] | None = None,
                      tokenizer: str | os.PathLike[str] | None = None, seq_len: int = 128, num_calib: int = 32,
                      feeds: Sequence[dict[str, np.ndarray]] | None = None, max_loss: float | None = None,
-                     accuracy_level: int = 0,
+                     accuracy_level: int = 0, embeddings: bool = False,
                      progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
     """Weight-only quantize `model` into `output` (+ `output.data`).
 
@@ -44,11 +44,12 @@ def quantize_weights(model: str | os.PathLike[str], output: str | os.PathLike[st
     `num_calib` windows of `seq_len` tokens and fed as a decoder's inputs; or give `feeds` directly. Data-aware
     algorithms (awq, gptq) need one of them; every algorithm uses them to validate the file against FP32.
     `max_loss` (bits=4): the most sensitive layers go to int8 until 1 - output cosine vs FP32 is within it.
+    `embeddings`: the token-embedding Gather tables too (rows in blocks: GatherBlockQuantized or DQ + Gather).
     `accuracy_level` 4 lets onnxruntime's MatMulNBits quantize activations to int8 (faster on CPUs; validated too).
     """
     config = WeightOnlyConfig(bits, block_size, symmetric, _enum(WeightAlgorithm, algorithm, "algorithm"),  # type: ignore[arg-type]
                               _enum(WeightOnlyFormat, format, "format"), act_order, tuple(exclude),  # type: ignore[arg-type]
-                              max_loss, accuracy_level)
+                              max_loss, accuracy_level, embeddings)
     if feeds is None and calib is not None:
         windows = load_token_windows(calib, seq_len, num_calib, tokenizer)
         feeds = decoder_feeds(onnx.load_model(str(model), load_external_data=False), windows)

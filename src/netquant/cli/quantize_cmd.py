@@ -222,6 +222,9 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="Weight-only: tokens per calibration window.")
 @click.option("--act-order", is_flag=True, help="Weight-only GPTQ: quantize columns by descending Hessian diagonal.")
+@click.option("--embeddings", is_flag=True, help="Weight-only: also the token-embedding tables (per-row blocks).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="Weight-only MatMulNBits: 0 float compute, 4 int8 activations (faster CPU kernels).")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
@@ -231,7 +234,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              max_loss: float | None, placement_path: Path | None, placement_from: Path | None,
              weight_only: str | None = None, block_size: int = 128, algorithm: str = "rtn", asymmetric: bool = False,
              wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
-             act_order: bool = False) -> None:
+             act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
@@ -246,7 +249,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         exclude = tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())
         return run_weight_only(console, model, output, weight_only, block_size, algorithm.lower(), asymmetric,
                                wo_format.lower(), calib, tokenizer, seq_len, num_calib, act_order, exclude, seed,
-                               max_loss)
+                               max_loss, embeddings, accuracy_level)
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
     kind = ExportKind.for_path(output)

@@ -16,7 +16,7 @@ WEIGHT_ONLY_BITS = {"int4": 4, "int8": 8}
 def run_weight_only(console: Console, model: Path, output: Path, weight_only: str, block_size: int, algorithm: str,
                     asymmetric: bool, fmt: str, calib: str, tokenizer: Path | None, seq_len: int,
                     num_calib: int | None, act_order: bool, exclude: tuple[str, ...], seed: int,
-                    max_loss: float | None = None) -> None:
+                    max_loss: float | None = None, embeddings: bool = False, accuracy_level: int = 0) -> None:
     """Plan the outputs (never an input), quantize, print what was written and the check against FP32."""
     from netquant.api.weight_only import quantize_weights
     from netquant.data.tokens import decoder_feeds, random_windows
@@ -40,7 +40,8 @@ def run_weight_only(console: Console, model: Path, output: Path, weight_only: st
         result = quantize_weights(model, output, bits=bits, block_size=block_size, symmetric=not asymmetric,
                                   algorithm=algorithm, format=fmt, act_order=act_order, exclude=exclude,
                                   calib=calib_path, tokenizer=tokenizer, seq_len=seq_len, num_calib=num_calib or 32,
-                                  feeds=feeds, max_loss=max_loss, progress=lambda m: status.update(m))
+                                  feeds=feeds, max_loss=max_loss, embeddings=embeddings,
+                                  accuracy_level=accuracy_level, progress=lambda m: status.update(m))
     mb = 1 << 20
     console.print(f"{weight_only} {algorithm} block {block_size}: {len(result.layers)} weights quantized"
                   + (f", {len(result.skipped)} excluded" if result.skipped else "")

@@ -87,6 +87,70 @@ def find_weight_matmuls(model: onnx.ModelProto, skip: Callable[[onnx.NodeProto],
     return found
 
 
+@dataclass
+class EmbeddingGather:
+    """A Gather (axis 0) of rows of a constant 2-D float table [V, D] (token embeddings)."""
+
+    node: onnx.NodeProto
+    table: str
+    vocab: int
+    dim: int
+
+
+def find_embedding_gathers(model: onnx.ModelProto) -> list[EmbeddingGather]:
+    """Gather nodes of the main graph reading rows (axis 0) of a 2-D float32 initializer with D >= 16."""
+    inits = _initializer_index(model)
+    found = []
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx") or node.op_type != "Gather":
+            continue
+        tensor = inits.get(node.input[0])
+        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
+        if tensor is None or len(tensor.dims) != 2 or tensor.data_type != TensorProto.FLOAT or axis != 0 \
+                or tensor.dims[1] < 16:
+            continue
+        found.append(EmbeddingGather(node, node.input[0], int(tensor.dims[0]), int(tensor.dims[1])))
+    return found
+
+
+def rewrite_embedding_gather(model: onnx.ModelProto, target: EmbeddingGather, bq: BlockQuantized,
+                             fmt: WeightOnlyFormat) -> list[onnx.TensorProto]:
+    """Replace the Gather by com.microsoft.GatherBlockQuantized (rows of codes [V, D] in blocks along D; onnxruntime) or
+    by blocked DequantizeLinear(axis 1) -> Gather (opset 21). `bq` holds the table's rows: quantize `table.T`."""
+    graph = model.graph
+    node = target.node
+    index = list(graph.node).index(node)
+    prefix = target.table
+    spec = bq.spec
+    if fmt is WeightOnlyFormat.MATMUL_NBITS:
+        data = pack_codes(bq.codes[:, : target.dim], spec.bits).numpy().astype(np.uint8)
+        zp = pack_codes(bq.zero_points.to(torch.uint8), spec.bits).numpy().astype(np.uint8)
+        tensors = [numpy_helper.from_array(data, f"{prefix}_Q{spec.bits}"),
+                   numpy_helper.from_array(bq.scales.numpy().astype(np.float32), f"{prefix}_scales"),
+                   numpy_helper.from_array(zp, f"{prefix}_zero_points")]
+        new = [helper.make_node("GatherBlockQuantized", [tensors[0].name, node.input[1], tensors[1].name,
+                                                         tensors[2].name], list(node.output),
+                                name=node.name or f"{prefix}_GatherBlockQuantized", domain=MS_DOMAIN, gather_axis=0,
+                                quantize_axis=1, block_size=spec.block_size, bits=spec.bits)]
+    else:
+        # the rows as a [D, V] weight: _blocked_dq_tensors gives codes [D, V] with blocks along D; transpose back
+        codes_kn, names = _blocked_dq_tensors(prefix, bq)
+        q = numpy_helper.to_array(codes_kn[0]).T.copy()
+        zp = numpy_helper.to_array(codes_kn[2]).T.copy()
+        elem = codes_kn[0].data_type
+        tensors = [_int_tensor(names[0], elem, q), numpy_helper.from_array(bq.scales.numpy().astype(np.float32),
+                                                                          names[1]), _int_tensor(names[2], elem, zp)]
+        table = f"{prefix}_dq"
+        new = [helper.make_node("DequantizeLinear", names, [table], name=f"{prefix}_DequantizeLinear", axis=1,
+                                block_size=spec.block_size),
+               helper.make_node("Gather", [table, node.input[1]], list(node.output), name=node.name or f"{prefix}_Gather",
+                                axis=0)]
+    graph.node.remove(node)
+    for offset, n in enumerate(new):
+        graph.node.insert(index + offset, n)
+    return tensors
+
+
 class ExternalDataReader:
     """Reads initializers of a model loaded with `load_external_data=False`, one at a time (memory-mapped)."""
 

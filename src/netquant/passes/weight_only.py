@@ -44,7 +44,9 @@ from netquant.export.weight_only import (
     WeightMatMul,
     WeightOnlyFormat,
     ensure_opsets,
+    find_embedding_gathers,
     find_weight_matmuls,
+    rewrite_embedding_gather,
     rewrite_weight_matmul,
     save_with_external_data,
 )
@@ -80,6 +82,7 @@ class WeightOnlyConfig:
     exclude: tuple[str, ...] = ()
     max_loss: float | None = None  # mixed int4 / int8 within this output loss (1 - cosine vs FP32); None: all `bits`
     accuracy_level: int = 0  # MatMulNBits: 0 float compute, 4 int8 activations (onnxruntime's fast int8 kernels)
+    embeddings: bool = False  # also the Gather tables (token embeddings): GatherBlockQuantized / blocked DQ + Gather
 
     def __post_init__(self) -> None:
         if self.max_loss is not None and (not math.isfinite(self.max_loss) or not 0 <= self.max_loss < 1):
@@ -369,6 +372,8 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
                 chosen[id(t.node)] = wide[id(t.node)]
         wide.clear()
     _rewrite_all(model, targets, chosen, config.fmt, config.accuracy_level)
+    if config.embeddings:
+        records += _quantize_embeddings(model, reader, config, patterns)
     ensure_opsets(model, config.fmt)
     cosine: dict[str, float] = {}
 
@@ -395,6 +400,28 @@ def _rewrite_all(model: onnx.ModelProto, targets: list[WeightMatMul], codes: dic
         uses[t.weight] -= 1
         if uses[t.weight] == 0 and t.weight not in outputs:
             model.graph.initializer.remove(inits[t.weight])
+
+
+def _quantize_embeddings(model: onnx.ModelProto, reader: ExternalDataReader, config: WeightOnlyConfig,
+                         patterns: list[NamePattern]) -> list[LayerRecord]:
+    """Each embedding Gather's table quantized per row in blocks along D (RTN, or HQQ with algorithm hqq)."""
+    records = []
+    for g in find_embedding_gathers(model):
+        if any(p.matches(g.node.name) or p.matches(g.table) for p in patterns):
+            continue
+        inits = {t.name: t for t in model.graph.initializer}
+        tensor = inits[g.table]
+        table = torch.from_numpy(np.array(reader.array(tensor), dtype=np.float32))
+        if not torch.isfinite(table).all():
+            raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
+        quantize = quantize_hqq if config.algorithm is WeightAlgorithm.HQQ else quantize_rtn
+        bq = quantize(table.t(), config.spec)
+        mse = float(((bq.dequantize().t() - table) ** 2).mean())
+        model.graph.initializer.extend(rewrite_embedding_gather(model, g, bq, config.fmt))
+        if not _consumers(model).get(g.table) and g.table not in {o.name for o in model.graph.output}:
+            model.graph.initializer.remove(tensor)
+        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab, mse, bits=config.bits))
+    return records
 
 
 @dataclass

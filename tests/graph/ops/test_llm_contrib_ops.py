@@ -69,3 +69,18 @@ def test_group_query_attention(s: int, past: int, rotary: bool) -> None:
     for r, o in zip(ref, ours):
         assert r.shape == o.shape
         np.testing.assert_allclose(o, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(("bits", "d", "with_zp"), [(4, 64, True), (4, 80, False), (8, 48, True)])
+def test_gather_block_quantized(bits: int, d: int, with_zp: bool) -> None:
+    v, bs = 11, 16
+    nb = -(-d // bs)
+    inputs = {"data": RNG.integers(0, 256, size=(v, d * bits // 8), dtype=np.uint8),
+              "ids": np.array([[0, 5, 10, -1], [3, 3, 2, 1]], dtype=np.int64),
+              "scales": (np.abs(_f32(v, nb)) * 0.1).astype(np.float32)}
+    if with_zp:
+        inputs["zp"] = RNG.integers(0, 256, size=(v, -(-nb * bits // 8)), dtype=np.uint8)
+    node = oh.make_node("GatherBlockQuantized", list(inputs), ["y"], domain="com.microsoft", gather_axis=0,
+                        quantize_axis=1, block_size=bs, bits=bits)
+    ref, ours = ort_and_ours(node, inputs, domain_opsets=MS)
+    np.testing.assert_allclose(ours[0], ref[0], rtol=1e-5, atol=1e-6)

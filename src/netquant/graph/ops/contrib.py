@@ -144,6 +144,32 @@ def matmul_nbits(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCont
     return [y + bias if bias is not None else y]
 
 
+@register_op("GatherBlockQuantized", domain=MS)
+def gather_block_quantized(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Rows of a block-quantized table: data uint8 [V, D * bits / 8] (4-bit codes two a byte, low nibble first),
+    scales [V, n_blocks], zero points packed like data (default 2^(bits-1)); blocks of `block_size` along
+    quantize_axis 1, gathered along gather_axis 0: y = (q[idx] - zp[idx]) * s[idx]."""
+    data, idx, scales, zp = inputs[0], inputs[1], inputs[2], opt(inputs, 3)
+    bits, bs = attrs.get("bits", 4), attrs.get("block_size", 128)
+    if attrs.get("gather_axis", 0) != 0 or attrs.get("quantize_axis", 1) not in (1, -1) or data.dim() != 2:
+        raise UnsupportedOpError(ctx.unsupported("gather_axis != 0, quantize_axis != 1 or a table that is not 2-D"))
+    if data.dtype != torch.uint8 or bits not in (4, 8):
+        raise UnsupportedOpError(ctx.unsupported(f"data {data.dtype} with bits={bits} (uint8 storage only)"))
+    q = (_unpack_nibbles(data) if bits == 4 else data.to(torch.int32)).to(torch.float32)
+    v, d = q.shape
+    nb = scales.shape[1]
+    if zp is None:
+        z = torch.full((v, nb), float(1 << (bits - 1)))
+    else:
+        z = (_unpack_nibbles(zp) if bits == 4 else zp.to(torch.int32))[:, :nb].to(torch.float32)
+    pad = nb * bs - d
+    qp = torch.nn.functional.pad(q, (0, pad)).reshape(v, nb, bs)
+    table = ((qp - z.unsqueeze(-1)) * scales.to(torch.float32).unsqueeze(-1)).reshape(v, nb * bs)[:, :d]
+    idx = idx.to(torch.int64)
+    idx = torch.where(idx < 0, idx + v, idx)
+    return [table[idx].to(scales.dtype)]
+
+
 def _rotate(x: Tensor, cos: Tensor, sin: Tensor, interleaved: bool) -> Tensor:
     """x [B, S, H, D] rotated on its first 2 * cos.shape[-1] dims; cos / sin [B or 1, S, rd / 2]."""
     rd = cos.shape[-1] * 2
