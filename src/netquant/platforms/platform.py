@@ -236,6 +236,16 @@ class Platform:
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
     # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
     wider: WiderFormat | None = None
+    # the engine that runs this platform's files ("" : named after `validation`) and the files it runs (-o suffixes;
+    # shown by `netquant platforms`)
+    engine: str = ""
+    files: tuple[str, ...] = (".onnx",)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine in words: `engine`, else what validates the file (onnxruntime, OpenVINO, Q/DQ reference)."""
+        return self.engine or {Validation.ONNXRUNTIME: "onnxruntime", Validation.OPENVINO: "OpenVINO"}.get(
+            self.validation, "Q/DQ reference")
 
     @property
     def export_format(self) -> ExportFormat:
