@@ -42,7 +42,7 @@ def tiny_cnn_model(seed: int = 0) -> onnx.ModelProto:
         nodes, "tiny_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def samples(n: int = 16, seed: int = 1) -> np.ndarray:

@@ -73,8 +73,9 @@ class QuantSettings:
     higher_is_better: `metric` grows with quality (accuracy; the default); False for an error (a loss, WER): then
         max_loss is the allowed rise of the metric.
     placement_from: a placement file (JSON, QuantizedModel.save_placement) to re-apply instead of measuring.
-    placement_time_s: cap on placement's profiling and sensitivity seconds (None: as long as quantization took
-        before it, at least 5 s).
+    placement_time_s: cap on placement's profiling and sensitivity seconds (None: 15% of the quantization time
+        before it, at least 0.25 s; where the per-region search decides, half of that time, at least 1.5 s). A soft
+        cap: the whole-model timings and the FP32 and all-INT8 profiles run whatever it is.
     """
 
     platform: Platform
