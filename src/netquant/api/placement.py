@@ -626,7 +626,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
         assert budget.wide is not None
         widen(s.qgraph, budget.wide, [s.by_anchor[a] for a in sorted(wide | best)])
     keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(best)])
-    engine = s.qgraph.platform.engine_name
+    engine = s.qgraph.platform.engine or f"{s.qgraph.platform.name}'s engine"  # LiteRT, ncnn, TensorRT, ...
 
     def reason_of(a: str) -> str:
         if a in wide:
@@ -643,7 +643,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
                           "seconds": round(time.perf_counter() - start, 6)}
     if wide:
         placement.measured["loss_all_wider"] = budget.wide_loss_of.get((frozenset(s.by_anchor), frozenset()))
-    placement.note = (f"speed not measured (the platform's engine, {engine}, is not timed here): the accuracy budget "
+    placement.note = (f"speed not measured ({engine} is not timed here): the accuracy budget "
                       "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8")
                       + (f"; {len(wide)} region(s) in the wider format ({s.qgraph.platform.wider.label}), the most "
                          f"sensitive first, until the loss is within {WIDER_SHARE} x max_loss"
