@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import warnings
 from pathlib import Path
@@ -90,3 +91,25 @@ def test_markers_are_parsed(tmp_path: Path) -> None:
         blocks(page)
     assert shell_commands("netquant a \\\n   --b c   # note\n# only a comment\n\nnetquant d\n") == [
         "netquant a  --b c   # note", "netquant d"]
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_and_repository_paths_in_the_docs_exist() -> None:
+    root = Path(__file__).resolve().parents[2]
+    for page in doc_files():
+        text = page.read_text(encoding="utf-8")
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if "://" in target:
+                continue
+            file, _, anchor = target.partition("#")
+            linked = (page.parent / file).resolve() if file else page
+            assert linked.is_file(), f"{page.name}: link to missing {target}"
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", linked.read_text(encoding="utf-8"), flags=re.M)
+                assert anchor in {_anchor(h) for h in headings}, f"{page.name}: no heading for #{anchor} in {file}"
+        for path in re.findall(r"`((?:benchmarks|src|tests|docs|\.ci)/[\w/.\-]+)`", text):
+            assert (root / path).exists(), f"{page.name}: `{path}` does not exist"
