@@ -17,7 +17,7 @@ def test_placement_and_export_show_progress_unless_quiet(tmp_path: Path) -> None
     onnx.save(tiny_cnn_model(), model)
     np.save(data, samples(8))
     runner = CliRunner()
-    for platform, out, engine in (("onnxruntime_int8", "q.onnx", "onnxruntime"), ("trt", "t.onnx", "TensorRT"),
+    for platform, out, engine in (("onnxruntime_int8", "q.onnx", "onnxruntime"), ("trt", "t.onnx", "Q/DQ reference"),
                                   ("tflite", "q.tflite", "LiteRT")):
         res = runner.invoke(cli, ["quantize", str(model), "--calib", str(data), "-o", str(tmp_path / out),
                                   "--platform", platform], catch_exceptions=False)

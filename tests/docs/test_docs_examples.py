@@ -86,6 +86,9 @@ def test_markers_are_parsed(tmp_path: Path) -> None:
     a, b, c = blocks(page)
     assert (a.lang, a.skip, a.line, a.code) == ("bash", "installs", 3, "pip install x\n")
     assert (b.setup, b.skip, c.lang) == ("none", None, "text")
+    page.write_text("<!-- doc-test: slow minutes -->\n```bash\nnetquant demo\n```\n")
+    (d,) = blocks(page)
+    assert (d.slow, d.skip, d.setup) == ("minutes", None, None)
     page.write_text("<!-- doc-test: skip -->\n```bash\nnetquant doctor\n```\n")
     with pytest.raises(ValueError, match="needs a reason"):
         blocks(page)

@@ -303,7 +303,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     extra = [p for p in (json_path, trt_cache, report_path, placement_path) if p is not None]
     in_ort = platform.validation is Validation.ONNXRUNTIME  # onnxruntime's int8 kernels matter for its files only
     with plan.staged() as stage:
-        engine = platform.engine_name if kind is ExportKind.QDQ else kind.engine
+        engine = platform.validation_engine if kind is ExportKind.QDQ else kind.engine
         with make_progress(quiet, console) as progress, progress.stage(f"export: {output.name}, checked in {engine}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
             sample = None if qmodel.qgraph.validation_batches else batches[0]

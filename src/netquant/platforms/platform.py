@@ -243,8 +243,14 @@ class Platform:
 
     @property
     def engine_name(self) -> str:
-        """The engine in words: `engine`, else what validates the file (onnxruntime, OpenVINO, Q/DQ reference)."""
-        return self.engine or {Validation.ONNXRUNTIME: "onnxruntime", Validation.OPENVINO: "OpenVINO"}.get(
+        """The engine in words: `engine`, else what checks its ONNX files (validation_engine)."""
+        return self.engine or self.validation_engine
+
+    @property
+    def validation_engine(self) -> str:
+        """What checks this platform's ONNX files here: onnxruntime, OpenVINO, or the Q/DQ reference (the engine
+        itself does not run here: TensorRT, QNN, ...)."""
+        return {Validation.ONNXRUNTIME: "onnxruntime", Validation.OPENVINO: "OpenVINO"}.get(
             self.validation, "Q/DQ reference")
 
     @property
