@@ -97,7 +97,8 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     channel_order ('rgb' | 'bgr'), layout ('nchw' | 'nhwc'), keep_aspect, num_calib, seed.
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
-    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
+    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
+    for an error metric), placement_from;
     see netquant.api.placement).
     """
     t0 = time.perf_counter()
