@@ -22,7 +22,7 @@ from netquant.data.calib import (
     model_inputs,
     split_batches,
 )
-from netquant.errors import ConfigError, DataError
+from netquant.errors import ConfigError, DataError, ExportError
 from netquant.passes.settings import LowerIsBetter, QuantSettings
 from tests.docs.fixtures import TinyCnn, samples, tiny_cnn_model
 from tests.helpers.placement_models import conv_stack, stack_batches
@@ -117,6 +117,9 @@ def test_tensorrt_export_writes_its_calibration_cache_beside_the_onnx_file(model
     assert not (tmp_path / "n.cache").exists()
     qm.export(tmp_path / "o.onnx", trt_cache=False)
     assert not (tmp_path / "o.cache").exists()
+    with pytest.raises(ExportError, match="trt_cache"):  # planned with the model: refused before anything is written
+        qm.export(tmp_path / "z.onnx", trt_cache=model_file)
+    assert not (tmp_path / "z.onnx").exists() and onnx.load(str(model_file)).graph.name == "tiny_cnn"
     other = netquant.quantize_onnx(str(model_file), [samples(8)], quiet=True)
     other.export(tmp_path / "p.onnx")
     assert not (tmp_path / "p.cache").exists()  # onnxruntime_int8: no TensorRT cache

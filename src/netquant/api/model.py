@@ -188,6 +188,7 @@ class QuantizedModel:
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         planned = [("export path", path, f"{fmt.value} file")]
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
+        planned += [("trt_cache", cache, "TensorRT calibration cache")] if cache is not None else []
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
         report = writer(fmt)(self.qgraph, path, **kwargs)
         if cache is not None:
