@@ -26,6 +26,7 @@ from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
+from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
 
 if TYPE_CHECKING:
@@ -33,7 +34,12 @@ if TYPE_CHECKING:
 
 
 class QuantizedModel:
-    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
+    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error.
+
+    progress: exports show a progress line while they write and check the file (quantize_onnx sets it unless
+    quiet)."""
+
+    progress: bool = False
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
                  calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
@@ -190,7 +196,8 @@ class QuantizedModel:
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
         planned += [("trt_cache", cache, "TensorRT calibration cache")] if cache is not None else []
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        report = writer(fmt)(self.qgraph, path, **kwargs)
+        with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"):
+            report = writer(fmt)(self.qgraph, path, **kwargs)
         if cache is not None:
             self.export(cache, format=ExportKind.TENSORRT_CACHE)
         return report

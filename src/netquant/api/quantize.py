@@ -139,7 +139,9 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    return QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qm = QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qm.progress = not s.quiet  # exports show progress as the passes and placement did
+    return qm
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
