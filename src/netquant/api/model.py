@@ -38,6 +38,7 @@ from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
+from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
 
 if TYPE_CHECKING:
@@ -45,7 +46,12 @@ if TYPE_CHECKING:
 
 
 class QuantizedModel:
-    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
+    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error.
+
+    progress: exports show a progress line while they write and check the file (quantize_onnx sets it unless
+    quiet)."""
+
+    progress: bool = False
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
                  calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
@@ -267,7 +273,10 @@ class QuantizedModel:
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
         TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
-        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
+        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
+        tensorrt_int8's ONNX QDQ file comes with its calibration cache, as the CLI's: trt_cache= its path (default the
+        path with suffix .cache; False: none)."""
+        cache = self._trt_cache(path, format, kwargs.pop("trt_cache", None))
         try:
             fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
         except ValueError:
@@ -276,10 +285,23 @@ class QuantizedModel:
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         planned = [("export path", path, f"{fmt.value} file")]
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
+        planned += [("trt_cache", cache, "TensorRT calibration cache")] if cache is not None else []
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        result = writer(fmt)(self.qgraph, path, **kwargs)
-        self.last_export = (Path(path), result)
-        return result
+        with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"):
+            report = writer(fmt)(self.qgraph, path, **kwargs)
+        self.last_export = (Path(path), report)
+        if cache is not None:
+            self.export(cache, format=ExportKind.TENSORRT_CACHE)
+        return report
+
+    def _trt_cache(self, path: str | Path, format: ExportKind | str | None, given: str | Path | bool | None
+                   ) -> Path | None:
+        """Where an ONNX export for tensorrt_int8 writes its calibration cache (None: no cache)."""
+        if given is False or self.platform.name != "tensorrt_int8" or format not in (None, ExportKind.QDQ, "qdq") \
+                or ExportKind.for_path(path) is not ExportKind.QDQ:
+            return None
+        cache = Path(path).with_suffix(".cache") if given in (None, True) else Path(given)
+        return None if cache == Path(path) else cache
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "

@@ -626,7 +626,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
         assert budget.wide is not None
         widen(s.qgraph, budget.wide, [s.by_anchor[a] for a in sorted(wide | best)])
     keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(best)])
-    engine = s.qgraph.platform.validation.value
+    engine = s.qgraph.platform.engine or f"{s.qgraph.platform.name}'s engine"  # LiteRT, ncnn, TensorRT, ...
 
     def reason_of(a: str) -> str:
         if a in wide:
@@ -643,7 +643,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
                           "seconds": round(time.perf_counter() - start, 6)}
     if wide:
         placement.measured["loss_all_wider"] = budget.wide_loss_of.get((frozenset(s.by_anchor), frozenset()))
-    placement.note = (f"speed not measured (the platform's engine, {engine}, is not timed here): the accuracy budget "
+    placement.note = (f"speed not measured ({engine} is not timed here): the accuracy budget "
                       "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8")
                       + (f"; {len(wide)} region(s) in the wider format ({s.qgraph.platform.wider.label}), the most "
                          f"sensitive first, until the loss is within {WIDER_SHARE} x max_loss"
@@ -823,7 +823,9 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     if int8_first_ok and not best:  # the shipped file is the all-INT8 one timed against the source: that ratio
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
-    if time.perf_counter() > s.deadline:
-        placement.note = "; ".join(filter(None, [placement.note, f"time cap of {time_budget_s:.1f} s reached: some "
-                                                                  "measurements skipped"]))
+    if time.perf_counter() > s.deadline:  # the cap in force (search_s may have raised it) and the time really taken
+        cap, took = s.deadline - start, time.perf_counter() - start
+        placement.note = "; ".join(filter(None, [placement.note, f"time cap {cap:.2f} s reached after {took:.2f} s "
+                                                 "(the whole-model timings and the FP32 and all-INT8 profiles always "
+                                                 "run): some measurements skipped"]))
     return placement

@@ -15,10 +15,12 @@ import onnx
 import torch
 
 from netquant.api.model import QuantizedModel
-from netquant.errors import ExportError, ModelError, UnsupportedOpError
+from netquant.data.calib import PATH_OPTION_KEYS, graph_inputs, load_path_calibration
+from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
+from netquant.passes.progress import make_progress
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
@@ -90,15 +92,25 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
 
     passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
     after bias quantization and before the final deployability check (so they see calibrated params).
+    calib_data: batches (arrays, dicts of arrays, an iterable of them), or a path: a folder of images, .npy / .npz
+    file(s), or 'random' (a smoke test), read with the CLI's options as keywords: height, width, mean, std,
+    channel_order ('rgb' | 'bgr'), layout ('nchw' | 'nhwc'), keep_aspect, num_calib, seed.
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
-    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
+    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
+    for an error metric), placement_from;
     see netquant.api.placement).
     """
     t0 = time.perf_counter()
+    path_options = {k: settings.pop(k) for k in PATH_OPTION_KEYS if k in settings}
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
+    if isinstance(calib_data, (str, os.PathLike)):  # an image folder, .npy / .npz file(s) or 'random', as the CLI's
+        calib_data = load_path_calibration(calib_data, graph_inputs(graph), s.batch_size, **path_options)
+    elif path_options:
+        raise ConfigError(f"{', '.join(sorted(path_options))}: these options say how files become calibration data; "
+                          "give calib_data as a folder of images, an .npy / .npz path or 'random'")
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
     source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
     # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
@@ -106,7 +118,7 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
-    from netquant.api.placement import place
+    from netquant.api.placement import applies, place
 
     wide = None
     if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
@@ -118,29 +130,37 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
             return run_ptq(twin, calib_data, wide_settings, extra_passes=passes).qgraph
 
     t1 = time.perf_counter()
-    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)  # objective / placement_from: measured INT8-or-float per region
+    with make_progress(s.quiet or not applies(s, run.qgraph)) as progress, progress.stage(
+            "placement: INT8 or float per region" if s.placement_from is None else "placement: re-applying the file"):
+        # objective / placement_from: measured INT8-or-float per region
+        placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    return QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qm = QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qm.progress = not s.quiet  # exports show progress as the passes and placement did
+    return qm
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
                    platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = EXPORT_OPSET,
                    input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-                   dynamic_axes: dict[str, dict[int, str]] | None = None, **settings: Any) -> QuantizedModel:
+                   dynamic_axes: dict[str, dict[int, str]] | None = None, dynamic_batch: bool = True,
+                   **settings: Any) -> QuantizedModel:
     """Export `module` (in eval mode) to ONNX with netquant's one torch -> ONNX path
     (netquant.nn.export.torch_to_onnx: torch.onnx's torch.export-based exporter, opset EXPORT_OPSET = 21,
-    at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...);
-    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names."""
+    at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...).
+    Dim 0 of every tensor input is symbolic by default (dynamic_batch: calibration batches and the exported file take
+    any batch size, whatever the example's); `dynamic_axes` ({input name: {dim: name}}) picks the symbolic dims
+    instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's."""
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
     try:
         proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
-                              dynamic_axes=dynamic_axes, what="quantize_torch")
+                              dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
     except ExportError as err:
         raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
     return quantize_onnx(proto, calib_data, platform, **settings)

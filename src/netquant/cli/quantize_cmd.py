@@ -25,6 +25,7 @@ from netquant.data.calib import (
 )
 from netquant.errors import ConfigError
 from netquant.outputs import OutputPlan, model_files
+from netquant.passes.progress import make_progress
 
 if TYPE_CHECKING:
     from netquant.api.model import QuantizedModel
@@ -310,7 +311,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     extra = [p for p in (json_path, trt_cache, report_path, placement_path) if p is not None]
     in_ort = platform.validation is Validation.ONNXRUNTIME  # onnxruntime's int8 kernels matter for its files only
     with plan.staged() as stage:
-        with console.status(f"exporting and validating {output}"):
+        engine = platform.validation_engine if kind is ExportKind.QDQ else kind.engine
+        with make_progress(quiet, console) as progress, progress.stage(f"export: {output.name}, checked in {engine}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
             sample = None if qmodel.qgraph.validation_batches else batches[0]
             # companions (.bin, .table) are written by the exporter at their staging paths, with the main file

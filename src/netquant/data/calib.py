@@ -12,6 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -357,6 +358,42 @@ def load_calibration(source: str | Path, inputs: Sequence[ModelInput], *, image_
     if path.is_dir() and not array_files(path):
         return load_image_folder(path, inputs, image_options or ImageOptions(), limit)
     return load_arrays(path, inputs, limit)
+
+
+# the keywords of the API that say how files become calibration data (as the CLI's options of the same names)
+PATH_OPTION_KEYS = ("height", "width", "mean", "std", "channel_order", "layout", "keep_aspect", "num_calib", "seed")
+
+
+def graph_inputs(graph: Any) -> list[ModelInput]:
+    """The inputs a netquant Graph is fed (names, shapes, numpy dtypes), as model_inputs reads them from a file."""
+    import torch
+
+    out = []
+    for v in graph.inputs:
+        dtype = np.dtype(np.float32) if v.dtype is None else torch.empty(0, dtype=v.dtype).numpy().dtype
+        out.append(ModelInput(v.name, v.shape, dtype))
+    return out
+
+
+def load_path_calibration(source: str | Path, inputs: Sequence[ModelInput], batch_size: int, *,
+                          height: int | None = None, width: int | None = None,
+                          mean: Sequence[float] = (0.0, 0.0, 0.0), std: Sequence[float] = (1.0, 1.0, 1.0),
+                          channel_order: ChannelOrder | str = ChannelOrder.RGB, layout: Layout | str = Layout.NCHW,
+                          keep_aspect: bool = False, num_calib: int | None = None,
+                          seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Calibration batches from an image folder, .npy / .npz file(s) or 'random', with the CLI's options:
+    x = (pixel / 255 - mean) / std, resized to height x width (keep_aspect: to the height, padded right),
+    channel_order 'rgb' | 'bgr', layout 'nchw' | 'nhwc'; at most num_calib samples; seed for 'random'."""
+    try:
+        opts = ImageOptions(height=height, width=width, mean=tuple(float(m) for m in mean),
+                            std=tuple(float(v) for v in std), channel_order=ChannelOrder(str(
+                                getattr(channel_order, "value", channel_order)).lower()),
+                            layout=Layout(str(getattr(layout, "value", layout)).lower()), keep_aspect_pad=keep_aspect)
+    except ValueError as exc:
+        raise DataError(f"calibration options for '{source}': {exc} (channel_order: rgb | bgr, layout: nchw | "
+                        "nhwc)") from None
+    data = load_calibration(source, inputs, image_options=opts, limit=num_calib, seed=seed)
+    return split_batches(data, inputs, batch_size)
 
 
 def split_batches(data: dict[str, np.ndarray], inputs: Sequence[ModelInput],

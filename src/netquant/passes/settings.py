@@ -38,6 +38,16 @@ class Objective(enum.StrEnum):
                               f"rules only), got {value!r}") from None
 
 
+@dataclass(frozen=True)
+class LowerIsBetter:
+    """A lower-is-better metric as the higher-is-better score placement compares: -metric(outputs, target)."""
+
+    metric: Callable[[Any, Any], float]
+
+    def __call__(self, outputs: Any, target: Any) -> float:
+        return -float(self.metric(outputs, target))
+
+
 @dataclass
 class QuantSettings:
     """Settings of quantize_onnx / quantize_torch / `netquant quantize`.
@@ -58,11 +68,14 @@ class QuantSettings:
         (passes.bias_correction); None = the platform's default (Platform.bias_correction).
     objective: automatic placement (Objective; None = the platform's rules only, no measurement).
     max_loss: the accuracy budget of placement: 1 - output cosine vs FP32 by default, or with `metric` the allowed
-        drop of metric(outputs, target) (higher is better) on `eval_data` ((inputs, target) pairs); None = the
+        drop of metric(outputs, target) on `eval_data` ((inputs, target) pairs), in the metric's units; None = the
         objective's default.
+    higher_is_better: `metric` grows with quality (accuracy; the default); False for an error (a loss, WER): then
+        max_loss is the allowed rise of the metric.
     placement_from: a placement file (JSON, QuantizedModel.save_placement) to re-apply instead of measuring.
-    placement_time_s: cap on placement's profiling and sensitivity seconds (None: as long as quantization took
-        before it, at least 5 s).
+    placement_time_s: cap on placement's profiling and sensitivity seconds (None: 15% of the quantization time
+        before it, at least 0.25 s; where the per-region search decides, half of that time, at least 1.5 s). A soft
+        cap: the whole-model timings and the FP32 and all-INT8 profiles run whatever it is.
     """
 
     platform: Platform
@@ -90,6 +103,7 @@ class QuantSettings:
     max_loss: float | None = None
     metric: Callable[[Any, Any], float] | None = None
     eval_data: Any = None
+    higher_is_better: bool = True
     placement_from: str | os.PathLike[str] | None = None
     placement_time_s: float | None = None
 
@@ -126,6 +140,10 @@ class QuantSettings:
             raise ConfigError(f"max_loss must be None or a number >= 0, got {self.max_loss!r}")
         if self.metric is not None and not callable(self.metric):
             raise ConfigError(f"metric must be a callable metric(outputs, target) -> float, got {self.metric!r}")
+        if not isinstance(self.higher_is_better, bool):
+            raise ConfigError(f"higher_is_better must be True or False, got {self.higher_is_better!r}")
+        if self.metric is not None and not self.higher_is_better and not isinstance(self.metric, LowerIsBetter):
+            self.metric = LowerIsBetter(self.metric)  # placement's loss: the drop of a higher-is-better score
         if (self.metric is None) != (self.eval_data is None):
             raise ConfigError("metric and eval_data go together: metric(outputs, target) -> float is averaged over "
                               "eval_data, an iterable of (inputs, target) pairs")

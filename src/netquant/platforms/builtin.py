@@ -106,6 +106,7 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
     knows_weight_packing=True,
     validation=Validation.ONNXRUNTIME,
     aliases=("onnxruntime", "ort"),
+    engine="onnxruntime",
 ))
 
 
@@ -137,6 +138,8 @@ TENSORRT_INT8 = _builtin(Platform(
     activation_observer="percentile",
     weight_observer="minmax",
     aliases=("tensorrt", "trt"),
+    engine="TensorRT",
+    files=(".onnx", ".cache"),
 ))
 
 
@@ -235,6 +238,8 @@ OPENVINO_INT8 = _builtin(OpenVinoPlatform(
     bias_correction=True,
     validation=Validation.OPENVINO,
     aliases=("openvino",),
+    engine="OpenVINO",
+    files=(".xml", ".bin", ".onnx"),
 ))
 
 
@@ -316,6 +321,8 @@ TFLITE_INT8 = _builtin(Platform(
     weight_observer="minmax",
     op_hook=tflite_fixed_outputs,
     aliases=("tflite", "litert"),
+    engine="LiteRT",
+    files=(".tflite",),
 ))
 
 
@@ -342,6 +349,8 @@ NCNN_INT8 = _builtin(Platform(
     activation_observer="percentile",
     weight_observer="minmax",
     aliases=("ncnn",),
+    engine="ncnn",
+    files=(".param", ".bin", ".table"),
 ))
 
 
@@ -379,6 +388,7 @@ QNN_DSP = _builtin(Platform(
     weight_observer="minmax",
     wider=WiderFormat(QuantSpec(bits=16, signed=False, symmetric=False), label="uint16 activations (A16W8)"),
     aliases=("snpe", "qnn"),
+    engine="Qualcomm QNN / SNPE",
 ))
 
 

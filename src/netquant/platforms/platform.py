@@ -236,6 +236,22 @@ class Platform:
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
     # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
     wider: WiderFormat | None = None
+    # the engine that runs this platform's files ("" : named after `validation`) and the files it runs (-o suffixes;
+    # shown by `netquant platforms`)
+    engine: str = ""
+    files: tuple[str, ...] = (".onnx",)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine in words: `engine`, else what checks its ONNX files (validation_engine)."""
+        return self.engine or self.validation_engine
+
+    @property
+    def validation_engine(self) -> str:
+        """What checks this platform's ONNX files here: onnxruntime, OpenVINO, or the Q/DQ reference (the engine
+        itself does not run here: TensorRT, QNN, ...)."""
+        return {Validation.ONNXRUNTIME: "onnxruntime", Validation.OPENVINO: "OpenVINO"}.get(
+            self.validation, "Q/DQ reference")
 
     @property
     def export_format(self) -> ExportFormat:
