@@ -9,6 +9,8 @@ working folder and returns the names the block may use. The files take the names
 - torch_cnn: the tiny_cnn files, and `model` (a torch.nn CNN of the same shape), `example_inputs`
   (torch 1x3x32x32) and `calib_batches` (4 torch batches 8x3x32x32).
 - none: an empty folder, `netquant`, `np`, `torch`.
+- tiny_llm: `llm.onnx` (+ `llm.onnx.weights`: a 2-layer Llama-style decoder, vocabulary 96, input input_ids[N, S])
+  and `tokens.npy` (2,048 token ids).
 """
 
 from __future__ import annotations
@@ -98,5 +100,14 @@ def none(folder: Path) -> dict[str, Any]:
     return _base()
 
 
-SETUPS: dict[str, Callable[[Path], dict[str, Any]]] = {"tiny_cnn": tiny_cnn, "torch_cnn": torch_cnn, "none": none}
+def tiny_llm(folder: Path) -> dict[str, Any]:
+    from tests.helpers.llm_models import export_tiny_llama, tiny_llama
+
+    export_tiny_llama(tiny_llama(), folder / "llm.onnx", external=True)
+    np.save(folder / "tokens.npy", np.random.default_rng(0).integers(0, 96, size=2048))
+    return _base()
+
+
+SETUPS: dict[str, Callable[[Path], dict[str, Any]]] = {"tiny_cnn": tiny_cnn, "torch_cnn": torch_cnn, "none": none,
+                                                       "tiny_llm": tiny_llm}
 DEFAULT_SETUP = "tiny_cnn"
