@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from netquant.api.weight_only import quantize_weights_onnx
 from netquant.api.zoo import cache_dir
 from netquant.api.zoo_decoder import (
     DecoderConfig,
@@ -39,7 +40,7 @@ from netquant.api.zoo_decoder import (
     rope_caches,
     write_decoder_onnx,
 )
-from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig, quantize_weights_onnx
+from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig
 
 SMALL = DecoderConfig(vocab=256, dim=384, layers=8, heads=12, kv_heads=4, hidden=1024, max_positions=512)
 BIG = DecoderConfig(vocab=32000, dim=2048, layers=16, heads=32, kv_heads=8, hidden=5632, max_positions=2048)

@@ -12,10 +12,10 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from netquant.core.blockwise import BlockSpec, quantize_rtn
+from netquant.api.weight_only import quantize_weights_onnx
+from netquant.core.blockwise import BlockSpec, WeightOnlyFormat, quantize_rtn
 from netquant.errors import ConfigError, DataError
-from netquant.export.weight_only import WeightOnlyFormat
-from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig, quantize_weights_onnx
+from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig
 from tests.helpers.llm_models import export_tiny_llama, tiny_llama, token_feeds
 
 
@@ -166,7 +166,7 @@ def test_embedding_tables_quantized_per_row_blocks(tmp_path: Path, fmt: WeightOn
     # the table onnxruntime gathers is the block dequantization of the rows
     ids = np.array([[1, 5, 95]])
     table = numpy_helper.to_array(next(t for t in onnx.load(str(src)).graph.initializer if t.name == "embed.weight"))
-    from netquant.export.weight_only import find_embedding_gathers
+    from netquant.graph.weights import find_embedding_gathers
 
     assert len(find_embedding_gathers(onnx.load(str(src)))) == 1
     rows = quantize_rtn(torch.from_numpy(table).t(), BlockSpec(4, 32, False)).dequantize().t().numpy()[ids]

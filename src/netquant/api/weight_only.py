@@ -1,23 +1,68 @@
-"""`netquant.quantize_weights`: weight-only int4 / int8 of an ONNX model's MatMul / Gemm weights (thin entry point;
-the flow is `passes.weight_only`)."""
+"""`netquant.quantize_weights`: weight-only int4 / int8 of an ONNX model's MatMul / Gemm weights. Thin entry points:
+codes from `passes.weight_only`, the mixed int4 / int8 choice from `analysis.weight_only_mixed`, the file from
+`export.weight_only`."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx
 
+from netquant.analysis.weight_only_mixed import MixedSearch, search_mixed_bits
+from netquant.core.blockwise import WeightOnlyFormat
 from netquant.data.tokens import decoder_feeds, load_token_windows
 from netquant.errors import ConfigError
-from netquant.export.weight_only import WeightOnlyFormat
+from netquant.export.opset import upgrade_opset
+from netquant.export.weight_only import model_bytes, rewrite_all, write_weight_only
 from netquant.passes.weight_only import (
+    LayerRecord,
     WeightAlgorithm,
     WeightOnlyConfig,
-    WeightOnlyResult,
-    quantize_weights_onnx,
+    load_weightless,
+    plan_weight_only,
 )
+
+Feeds = dict[str, np.ndarray]
+
+
+@dataclass
+class WeightOnlyResult:
+    """What was written: files, per-layer records, excluded nodes, onnxruntime's output cosine vs FP32 per output,
+    sizes, time, and the mixed int4 / int8 search when a budget was given."""
+
+    path: Path
+    files: list[Path]
+    layers: list[LayerRecord]
+    skipped: list[str]
+    cosine: dict[str, float] = field(default_factory=dict)
+    source_bytes: int = 0
+    output_bytes: int = 0
+    seconds: float = 0.0
+    mixed: MixedSearch | None = None
+
+
+def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.PathLike[str],
+                          config: WeightOnlyConfig, feeds: Sequence[Feeds] = (),
+                          progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
+    """Weight-only quantize `model_path` into `output` (+ `output.data`), validated in onnxruntime. `feeds`: calibration
+    inputs by name (needed by AWQ / GPTQ and max_loss; without them the file is checked on random inputs)."""
+    start = time.perf_counter()
+    out = Path(output).resolve()
+    model, src = load_weightless(model_path, [out, out.with_name(out.name + ".data")])
+    if config.fmt is WeightOnlyFormat.BLOCKED_DQ:
+        model = upgrade_opset(model, 21)
+    plan = plan_weight_only(model, src, config, feeds, progress)
+    mixed = search_mixed_bits(plan, config, progress) if config.max_loss is not None else None
+    rewrite_all(plan.model, plan.targets, plan.codes, config.fmt, config.accuracy_level, plan.embeddings)
+    files, cosine = write_weight_only(plan.model, out, plan.reader, config.fmt, plan.feeds[: len(plan.reference)],
+                                      plan.reference)
+    return WeightOnlyResult(out, files, plan.records, plan.skipped, cosine, model_bytes(src),
+                            sum(f.stat().st_size for f in files), time.perf_counter() - start, mixed)
 
 
 def _enum(cls: type, value: object, option: str) -> object:

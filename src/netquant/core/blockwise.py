@@ -16,12 +16,20 @@ All-zero blocks get s = 1 (any positive scale codes zero exactly).
 
 from __future__ import annotations
 
+import enum
 import math
 from dataclasses import dataclass
 
 import torch
 
 from netquant.errors import ConfigError
+
+
+class WeightOnlyFormat(enum.Enum):
+    """How block-quantized weights are written to ONNX."""
+
+    MATMUL_NBITS = "matmulnbits"  # com.microsoft.MatMulNBits / GatherBlockQuantized: onnxruntime's weight-only kernels
+    BLOCKED_DQ = "dq"             # opset-21 blocked DequantizeLinear + MatMul / Gather: any engine that reads int4 DQ
 
 
 @dataclass(frozen=True)

@@ -16,12 +16,10 @@ stays near one weight tensor plus the quantized ones; both files are written to 
 
 from __future__ import annotations
 
-import enum
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -29,169 +27,12 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from netquant.core.blockwise import BlockQuantized, pack_codes
-from netquant.errors import ExportError, ModelError
+from netquant.core.blockwise import BlockQuantized, WeightOnlyFormat, pack_codes
+from netquant.errors import ExportError
+from netquant.graph.weights import EmbeddingGather, ExternalDataReader, WeightMatMul, consumers_of
 
 MS_DOMAIN = "com.microsoft"
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external-data file
-
-
-class WeightOnlyFormat(enum.Enum):
-    """How the quantized weights are written."""
-
-    MATMUL_NBITS = "matmulnbits"  # com.microsoft.MatMulNBits: onnxruntime's int4 / int8 weight-only kernel
-    BLOCKED_DQ = "dq"             # opset-21 blocked DequantizeLinear + MatMul: any engine that reads int4 DQ
-
-
-@dataclass
-class WeightMatMul:
-    """A MatMul (or Gemm without transA) whose B input is a constant 2-D float initializer W [K, N]."""
-
-    node: onnx.NodeProto
-    activation: str
-    weight: str
-    k: int
-    n: int
-    transposed: bool = False  # Gemm transB=1: the initializer is W^T [N, K]
-    bias: str = ""            # Gemm C input
-
-
-def _initializer_index(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    return {t.name: t for t in model.graph.initializer}
-
-
-def find_weight_matmuls(model: onnx.ModelProto, skip: Callable[[onnx.NodeProto], bool] | None = None
-                        ) -> list[WeightMatMul]:
-    """The MatMul / Gemm nodes of the main graph with a 2-D float32 initializer as B (K >= 16)."""
-    inits = _initializer_index(model)
-    found = []
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
-            continue
-        if skip is not None and skip(node):
-            continue
-        tensor = inits.get(node.input[1])
-        if tensor is None or len(tensor.dims) != 2 or tensor.data_type != TensorProto.FLOAT:
-            continue
-        transposed, bias = False, ""
-        if node.op_type == "Gemm":
-            attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
-            if attrs.get("transA", 0) or attrs.get("alpha", 1.0) != 1.0 or attrs.get("beta", 1.0) != 1.0:
-                continue
-            transposed = bool(attrs.get("transB", 0))
-            bias = node.input[2] if len(node.input) > 2 else ""
-        k, n = (tensor.dims[1], tensor.dims[0]) if transposed else (tensor.dims[0], tensor.dims[1])
-        if k < 16:
-            continue
-        found.append(WeightMatMul(node, node.input[0], node.input[1], int(k), int(n), transposed, bias))
-    return found
-
-
-@dataclass
-class EmbeddingGather:
-    """A Gather (axis 0) of rows of a constant 2-D float table [V, D] (token embeddings)."""
-
-    node: onnx.NodeProto
-    table: str
-    vocab: int
-    dim: int
-
-
-def find_embedding_gathers(model: onnx.ModelProto) -> list[EmbeddingGather]:
-    """Gather nodes of the main graph reading rows (axis 0) of a 2-D float32 initializer with D >= 16."""
-    inits = _initializer_index(model)
-    found = []
-    for node in model.graph.node:
-        if node.domain not in ("", "ai.onnx") or node.op_type != "Gather":
-            continue
-        tensor = inits.get(node.input[0])
-        axis = next((helper.get_attribute_value(a) for a in node.attribute if a.name == "axis"), 0)
-        if tensor is None or len(tensor.dims) != 2 or tensor.data_type != TensorProto.FLOAT or axis != 0 \
-                or tensor.dims[1] < 16:
-            continue
-        found.append(EmbeddingGather(node, node.input[0], int(tensor.dims[0]), int(tensor.dims[1])))
-    return found
-
-
-def rewrite_embedding_gather(model: onnx.ModelProto, target: EmbeddingGather, bq: BlockQuantized,
-                             fmt: WeightOnlyFormat) -> list[onnx.TensorProto]:
-    """Replace the Gather by com.microsoft.GatherBlockQuantized (rows of codes [V, D] in blocks along D; onnxruntime) or
-    by blocked DequantizeLinear(axis 1) -> Gather (opset 21). `bq` holds the table's rows: quantize `table.T`."""
-    graph = model.graph
-    node = target.node
-    index = list(graph.node).index(node)
-    prefix = target.table
-    spec = bq.spec
-    if fmt is WeightOnlyFormat.MATMUL_NBITS:
-        data = pack_codes(bq.codes[:, : target.dim], spec.bits).numpy().astype(np.uint8)
-        zp = pack_codes(bq.zero_points.to(torch.uint8), spec.bits).numpy().astype(np.uint8)
-        tensors = [numpy_helper.from_array(data, f"{prefix}_Q{spec.bits}"),
-                   numpy_helper.from_array(bq.scales.numpy().astype(np.float32), f"{prefix}_scales"),
-                   numpy_helper.from_array(zp, f"{prefix}_zero_points")]
-        new = [helper.make_node("GatherBlockQuantized", [tensors[0].name, node.input[1], tensors[1].name,
-                                                         tensors[2].name], list(node.output),
-                                name=node.name or f"{prefix}_GatherBlockQuantized", domain=MS_DOMAIN, gather_axis=0,
-                                quantize_axis=1, block_size=spec.block_size, bits=spec.bits)]
-    else:
-        # the rows as a [D, V] weight: _blocked_dq_tensors gives codes [D, V] with blocks along D; transpose back
-        codes_kn, names = _blocked_dq_tensors(prefix, bq)
-        q = numpy_helper.to_array(codes_kn[0]).T.copy()
-        zp = numpy_helper.to_array(codes_kn[2]).T.copy()
-        elem = codes_kn[0].data_type
-        tensors = [_int_tensor(names[0], elem, q), numpy_helper.from_array(bq.scales.numpy().astype(np.float32),
-                                                                          names[1]), _int_tensor(names[2], elem, zp)]
-        table = f"{prefix}_dq"
-        new = [helper.make_node("DequantizeLinear", names, [table], name=f"{prefix}_DequantizeLinear", axis=1,
-                                block_size=spec.block_size),
-               helper.make_node("Gather", [table, node.input[1]], list(node.output), name=node.name or f"{prefix}_Gather",
-                                axis=0)]
-    graph.node.remove(node)
-    for offset, n in enumerate(new):
-        graph.node.insert(index + offset, n)
-    return tensors
-
-
-class ExternalDataReader:
-    """Reads initializers of a model loaded with `load_external_data=False`, one at a time (memory-mapped)."""
-
-    def __init__(self, base_dir: Path) -> None:
-        self.base_dir = base_dir
-
-    def array(self, tensor: onnx.TensorProto) -> np.ndarray:
-        if tensor.data_location != TensorProto.EXTERNAL:
-            return numpy_helper.to_array(tensor)
-        info = {e.key: e.value for e in tensor.external_data}
-        path = self.base_dir / info["location"]
-        if not path.is_file():
-            raise ModelError(f"initializer '{tensor.name}': external data file '{path}' is missing; keep the model's "
-                             "data file beside it")
-        offset, length = int(info.get("offset", 0)), info.get("length")
-        dtype = helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        count = int(np.prod(tensor.dims)) if tensor.dims else 1
-        if length is not None and int(length) < count * np.dtype(dtype).itemsize:
-            raise ModelError(f"initializer '{tensor.name}': external data in '{path}' holds {length} bytes, the tensor "
-                             f"needs {count * np.dtype(dtype).itemsize}; the data file is truncated")
-        data = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
-        return np.asarray(data).reshape(tuple(tensor.dims))
-
-    def raw_bytes(self, tensor: onnx.TensorProto) -> Iterator[bytes]:
-        """The tensor's little-endian bytes in chunks (without materializing big external tensors)."""
-        if tensor.data_location != TensorProto.EXTERNAL:
-            yield numpy_helper.to_array(tensor).tobytes()
-            return
-        info = {e.key: e.value for e in tensor.external_data}
-        path = self.base_dir / info["location"]
-        offset = int(info.get("offset", 0))
-        length = int(info["length"]) if "length" in info else path.stat().st_size - offset
-        with open(path, "rb") as f:
-            f.seek(offset)
-            left = length
-            while left > 0:
-                chunk = f.read(min(left, 64 << 20))
-                if not chunk:
-                    raise ModelError(f"initializer '{tensor.name}': external data file '{path}' ends early")
-                left -= len(chunk)
-                yield chunk
 
 
 def _matmulnbits_tensors(prefix: str, bq: BlockQuantized) -> tuple[list[onnx.TensorProto], list[str]]:
@@ -271,6 +112,44 @@ def rewrite_weight_matmul(model: onnx.ModelProto, target: WeightMatMul, bq: Bloc
         else:
             new += [helper.make_node("MatMul", [target.activation, w], list(node.output),
                                      name=node.name or f"{prefix}_MatMul")]
+    graph.node.remove(node)
+    for offset, n in enumerate(new):
+        graph.node.insert(index + offset, n)
+    return tensors
+
+
+def rewrite_embedding_gather(model: onnx.ModelProto, target: EmbeddingGather, bq: BlockQuantized,
+                             fmt: WeightOnlyFormat) -> list[onnx.TensorProto]:
+    """Replace the Gather by com.microsoft.GatherBlockQuantized (rows of codes [V, D] in blocks along D; onnxruntime) or
+    by blocked DequantizeLinear(axis 1) -> Gather (opset 21). `bq` holds the table's rows: quantize `table.T`."""
+    graph = model.graph
+    node = target.node
+    index = list(graph.node).index(node)
+    prefix = target.table
+    spec = bq.spec
+    if fmt is WeightOnlyFormat.MATMUL_NBITS:
+        data = pack_codes(bq.codes[:, : target.dim], spec.bits).numpy().astype(np.uint8)
+        zp = pack_codes(bq.zero_points.to(torch.uint8), spec.bits).numpy().astype(np.uint8)
+        tensors = [numpy_helper.from_array(data, f"{prefix}_Q{spec.bits}"),
+                   numpy_helper.from_array(bq.scales.numpy().astype(np.float32), f"{prefix}_scales"),
+                   numpy_helper.from_array(zp, f"{prefix}_zero_points")]
+        new = [helper.make_node("GatherBlockQuantized", [tensors[0].name, node.input[1], tensors[1].name,
+                                                         tensors[2].name], list(node.output),
+                                name=node.name or f"{prefix}_GatherBlockQuantized", domain=MS_DOMAIN, gather_axis=0,
+                                quantize_axis=1, block_size=spec.block_size, bits=spec.bits)]
+    else:
+        # the rows as a [D, V] weight: _blocked_dq_tensors gives codes [D, V] with blocks along D; transpose back
+        codes_kn, names = _blocked_dq_tensors(prefix, bq)
+        q = numpy_helper.to_array(codes_kn[0]).T.copy()
+        zp = numpy_helper.to_array(codes_kn[2]).T.copy()
+        elem = codes_kn[0].data_type
+        tensors = [_int_tensor(names[0], elem, q), numpy_helper.from_array(bq.scales.numpy().astype(np.float32),
+                                                                          names[1]), _int_tensor(names[2], elem, zp)]
+        table = f"{prefix}_dq"
+        new = [helper.make_node("DequantizeLinear", names, [table], name=f"{prefix}_DequantizeLinear", axis=1,
+                                block_size=spec.block_size),
+               helper.make_node("Gather", [table, node.input[1]], list(node.output), name=node.name or f"{prefix}_Gather",
+                                axis=0)]
     graph.node.remove(node)
     for offset, n in enumerate(new):
         graph.node.insert(index + offset, n)
@@ -359,3 +238,78 @@ def _set_external(tensor: onnx.TensorProto, location: str, offset: int, length: 
     for key, value in (("location", location), ("offset", str(offset)), ("length", str(length))):
         entry = tensor.external_data.add()
         entry.key, entry.value = key, value
+
+
+def rewrite_all(model: onnx.ModelProto, targets: Sequence[WeightMatMul], codes: dict[int, BlockQuantized],
+                fmt: WeightOnlyFormat, accuracy_level: int = 0,
+                embeddings: Sequence[tuple[EmbeddingGather, BlockQuantized]] = ()) -> None:
+    """Every target's node (codes by id(node)) and embedding Gather rewritten; float tensors nobody reads then are
+    dropped."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for t in targets:
+        model.graph.initializer.extend(rewrite_weight_matmul(model, t, codes[id(t.node)], fmt, accuracy_level))
+    for g, bq in embeddings:
+        model.graph.initializer.extend(rewrite_embedding_gather(model, g, bq, fmt))
+    read = consumers_of(model)
+    outputs = {o.name for o in model.graph.output}
+    for name in {t.weight for t in targets} | {g.table for g, _ in embeddings}:
+        if name not in read and name not in outputs and name in inits:
+            model.graph.initializer.remove(inits[name])
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    """cos(a, b) over all elements in float64 (1 for two all-zero arrays, 0 for one)."""
+    x, y = a.astype(np.float64).reshape(-1), b.astype(np.float64).reshape(-1)
+    den = np.linalg.norm(x) * np.linalg.norm(y)
+    return float(x @ y / den) if den > 0 else float(np.array_equal(x, y))
+
+
+def engine_cosines(staged: Path, names: Sequence[str], feeds: Sequence[dict[str, np.ndarray]],
+                   reference: Sequence[Sequence[np.ndarray]]) -> dict[str, float]:
+    """onnxruntime runs the file; per output the lowest cosine vs the FP32 `reference` over the feeds. A file
+    onnxruntime cannot run, or with non-finite outputs, is an ExportError."""
+    import onnxruntime as ort
+
+    try:
+        session = ort.InferenceSession(str(staged), providers=["CPUExecutionProvider"])
+        outputs = [session.run(list(names), feed) for feed in feeds]
+    except Exception as exc:
+        raise ExportError(f"the weight-only file failed in onnxruntime, nothing written: {type(exc).__name__}: "
+                          f"{exc}") from exc
+    cos: dict[str, float] = {}
+    for got_all, ref in zip(outputs, reference, strict=True):
+        for name, got, want in zip(names, got_all, ref, strict=True):
+            if not np.isfinite(got).all():
+                raise ExportError(f"weight-only file: output '{name}' is not finite in onnxruntime; nothing written. "
+                                  "Try 8 bits or exclude the layers that feed it")
+            cos[name] = min(cos.get(name, 1.0), cosine(got, want))
+    return cos
+
+
+def write_weight_only(model: onnx.ModelProto, path: Path, reader: ExternalDataReader, fmt: WeightOnlyFormat,
+                      feeds: Sequence[dict[str, np.ndarray]], reference: Sequence[Sequence[np.ndarray]]
+                      ) -> tuple[list[Path], dict[str, float]]:
+    """Save the rewritten `model` with external data, validated in onnxruntime against `reference` before it is
+    moved into place; (files written, per-output cosine vs FP32)."""
+    ensure_opsets(model, fmt)
+    names = [o.name for o in model.graph.output]
+    cos: dict[str, float] = {}
+
+    def check(staged: Path) -> None:
+        cos.update(engine_cosines(staged, names, feeds, reference))
+
+    return save_with_external_data(model, path, reader, check), cos
+
+
+def model_bytes(path: Path) -> int:
+    """A model file's size plus its external data files'."""
+    model = onnx.load_model(str(path), load_external_data=False)
+    total = path.stat().st_size
+    seen = set()
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            loc = {e.key: e.value for e in t.external_data}["location"]
+            if loc not in seen:
+                seen.add(loc)
+                total += (path.parent / loc).stat().st_size
+    return total

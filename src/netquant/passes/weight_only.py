@@ -1,14 +1,15 @@
-"""Weight-only quantization of an ONNX model's MatMul / Gemm weights (int4 / int8, block-wise): the whole flow.
+"""Weight-only quantization of an ONNX model's MatMul / Gemm weights (int4 / int8, block-wise): choosing the codes.
 
-    1. find the weight MatMuls (`export.weight_only.find_weight_matmuls`), minus `exclude` patterns (node or weight
-       names, `core.selectors` language);
-    2. for data-aware algorithms, run the FP32 model in onnxruntime with every weight MatMul's input exposed and
-       accumulate `calib.input_stats.InputStatistics` per activation (Hessian for GPTQ, samples for AWQ);
-    3. quantize each weight: RTN, HQQ, AWQ (per activation: the MatMuls reading it share one channel scale, folded into
-       a LayerNormalization-style producer's scale when the activation feeds only them, else an explicit Mul) or GPTQ;
-    4. rewrite the nodes (MatMulNBits or blocked DQ) and stream the result to disk with external data;
-    5. validate: onnxruntime loads the file and runs the calibration feeds; outputs are compared with FP32.
-The source model is never loaded whole: weights are read one at a time from their external data (memory-mapped).
+    1. the weight MatMuls (`graph.weights.find_weight_matmuls`), minus `exclude` patterns (node or weight names,
+       `core.selectors` language), and with `embeddings` the token-embedding Gathers;
+    2. for data-aware algorithms (and the mixed int4 / int8 search), the FP32 model runs in onnxruntime with every
+       weight MatMul's input exposed, accumulating `calib.input_stats.InputStatistics` per activation (Hessian for GPTQ,
+       samples for AWQ and the layers' sensitivities);
+    3. each weight's codes: RTN, HQQ, AWQ (per activation: the MatMuls reading it share one channel scale, folded into a
+       norm-style producer's scale, the columns of an up_proj-style MatMul, or an explicit Mul) or GPTQ; with a loss
+       budget also int8 RTN codes and each layer's 4-bit sensitivity (`analysis.weight_only_mixed` chooses).
+The file is written by `export.weight_only`; `api.weight_only.quantize_weights_onnx` runs the whole flow. The source
+model is never loaded whole: weights are read one at a time from their external data (memory-mapped).
 """
 
 from __future__ import annotations
@@ -16,9 +17,8 @@ from __future__ import annotations
 import enum
 import math
 import os
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,27 +28,18 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.calib.input_stats import InputStatistics
 from netquant.core.awq import awq_search
-from netquant.core.blockwise import (
-    BlockQuantized,
-    BlockSpec,
-    quantize_hqq,
-    quantize_rtn,
-)
+from netquant.core.blockwise import BlockQuantized, BlockSpec, WeightOnlyFormat, quantize_hqq, quantize_rtn
 from netquant.core.gptq import quantize_gptq
 from netquant.core.selectors import NamePattern
 from netquant.data.tokens import validation_feeds
-from netquant.errors import ConfigError, DataError, ExportError, ModelError
-from netquant.export.opset import upgrade_opset
-from netquant.export.weight_only import (
+from netquant.errors import ConfigError, DataError, ModelError
+from netquant.graph.weights import (
+    EmbeddingGather,
     ExternalDataReader,
     WeightMatMul,
-    WeightOnlyFormat,
-    ensure_opsets,
+    consumers_of,
     find_embedding_gathers,
     find_weight_matmuls,
-    rewrite_embedding_gather,
-    rewrite_weight_matmul,
-    save_with_external_data,
 )
 
 Feeds = dict[str, np.ndarray]
@@ -111,24 +102,11 @@ class LayerRecord:
     sensitivity: float | None = None
 
 
-@dataclass
-class WeightOnlyResult:
-    path: Path
-    files: list[Path]
-    layers: list[LayerRecord]
-    skipped: list[str]
-    cosine: dict[str, float] = field(default_factory=dict)
-    source_bytes: int = 0
-    output_bytes: int = 0
-    seconds: float = 0.0
-    mixed: MixedSearch | None = None
-
-
 def _excluded(target: WeightMatMul, patterns: list[NamePattern]) -> bool:
     return any(p.matches(target.node.name) or p.matches(target.weight) for p in patterns)
 
 
-class _Session:
+class OrtModelSession:
     """onnxruntime on a model proto (without its weights) whose external data lives in `base_dir`; `outputs` adds
     intermediate tensors as outputs."""
 
@@ -160,7 +138,7 @@ def collect_input_statistics(model: onnx.ModelProto, base_dir: Path, targets: li
     acts = list(dict.fromkeys(t.activation for t in targets))
     k_of = {t.activation: t.k for t in targets}
     stats = {a: InputStatistics(k_of[a], with_hessian=with_hessian) for a in acts}
-    session = _Session(model, base_dir, acts)
+    session = OrtModelSession(model, base_dir, acts)
     try:
         for i, feed in enumerate(feeds):
             for name, value in zip(acts, session.run(acts, feed), strict=True):
@@ -242,75 +220,77 @@ def _fold_into_producer_columns(model: onnx.ModelProto, activation: str, group: 
     return False
 
 
-def _consumers(model: onnx.ModelProto) -> dict[str, list[onnx.NodeProto]]:
-    out: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            if name:
-                out.setdefault(name, []).append(node)
-    return out
+@dataclass
+class WeightOnlyPlan:
+    """A model ready to be written: the (AWQ-edited) weightless model proto, where its data lives, the targets with
+    their codes (by id(node)), int8 alternatives when a loss budget is set, embeddings, records, and the FP32 outputs
+    on the validation feeds."""
+
+    model: onnx.ModelProto
+    source: Path
+    reader: ExternalDataReader
+    targets: list[WeightMatMul]
+    codes: dict[int, BlockQuantized]
+    wide: dict[int, BlockQuantized]
+    embeddings: list[tuple[EmbeddingGather, BlockQuantized]]
+    records: list[LayerRecord]
+    skipped: list[str]
+    feeds: list[Feeds]
+    reference: list[list[np.ndarray]]
+
+    @property
+    def output_names(self) -> list[str]:
+        return [o.name for o in self.model.graph.output]
 
 
-def _cosine(a: np.ndarray, b: np.ndarray) -> float:
-    x, y = a.astype(np.float64).reshape(-1), b.astype(np.float64).reshape(-1)
-    den = np.linalg.norm(x) * np.linalg.norm(y)
-    return float(x @ y / den) if den > 0 else float(np.array_equal(x, y))
-
-
-def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.PathLike[str],
-                          config: WeightOnlyConfig, feeds: Sequence[Feeds] = (),
-                          progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
-    """Weight-only quantize `model_path` into `output` (module docstring). `feeds`: calibration inputs by name (needed
-    by AWQ / GPTQ and max_loss, used for validation by all; without them the file is validated on random inputs)."""
-    start = time.perf_counter()
+def load_weightless(model_path: str | os.PathLike[str], outputs: Sequence[Path]) -> tuple[onnx.ModelProto, Path]:
+    """The model proto without its external data, and its resolved path; refuses outputs that are the model or one of
+    its data files (inputs are never overwritten)."""
     src = Path(model_path).resolve()
-    out = Path(output).resolve()
     if not src.is_file():
         raise ModelError(f"model '{model_path}' does not exist")
-    if out == src or out.with_name(out.name + ".data") == src:
-        raise ConfigError(f"output '{output}' is the input model; choose another path (inputs are never overwritten)")
-    if (config.algorithm.needs_data or config.max_loss is not None) and not feeds:
-        what = "mixed int4 / int8 (max_loss)" if config.max_loss is not None else config.algorithm.value
-        raise DataError(f"weight-only {what} needs calibration data; give feeds / --calib, or use algorithm rtn or "
-                        "hqq without max_loss")
     try:
         model = onnx.load_model(str(src), load_external_data=False)
     except Exception as exc:
         raise ModelError(f"model '{src}' cannot be read as ONNX ({type(exc).__name__}: {exc})") from exc
-    if config.fmt is WeightOnlyFormat.BLOCKED_DQ:
-        model = upgrade_opset(model, 21)
-    reader = ExternalDataReader(src.parent)
-    for t in model.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
-            loc = {e.key: e.value for e in t.external_data}.get("location", "")
-            if (src.parent / loc).resolve() in (out, out.with_name(out.name + ".data")):
-                raise ConfigError(f"output '{output}' would overwrite the model's external data '{loc}'; choose "
-                                  "another name")
+    inputs = {src} | {(src.parent / {e.key: e.value for e in t.external_data}.get("location", "")).resolve()
+                      for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL}
+    for out in outputs:
+        if out.resolve() in inputs:
+            raise ConfigError(f"output '{out}' is the input model or its external data; choose another path "
+                              "(inputs are never overwritten)")
+    return model, src
+
+
+def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyConfig, feeds: Sequence[Feeds] = (),
+                     progress: Callable[[str], None] | None = None) -> WeightOnlyPlan:
+    """Codes for every target of `model` (read from beside `source`) under `config` (module docstring)."""
+    if (config.algorithm.needs_data or config.max_loss is not None) and not feeds:
+        what = "mixed int4 / int8 (max_loss)" if config.max_loss is not None else config.algorithm.value
+        raise DataError(f"weight-only {what} needs calibration data; give feeds / --calib, or use algorithm rtn or "
+                        "hqq without max_loss")
+    reader = ExternalDataReader(source.parent)
     patterns = [NamePattern.parse(p) for p in config.exclude]
     all_targets = find_weight_matmuls(model)
     targets = [t for t in all_targets if not _excluded(t, patterns)]
     skipped = [t.node.name for t in all_targets if _excluded(t, patterns)]
     if not targets:
-        raise ModelError(f"model '{src}' has no MatMul / Gemm with a constant 2-D float weight (K >= 16) to quantize"
-                         + (f" outside the excluded {list(config.exclude)}" if skipped else ""))
+        raise ModelError(f"model '{source}' has no MatMul / Gemm with a constant 2-D float weight (K >= 16) to "
+                         "quantize" + (f" outside the excluded {list(config.exclude)}" if skipped else ""))
     spec = config.spec
     output_names = [o.name for o in model.graph.output]
-    if not feeds:  # no calibration data: the file is still run and compared with FP32 on random inputs
-        feeds = validation_feeds(model)
-    reference: list[list[np.ndarray]] = []
+    feeds = list(feeds) or validation_feeds(model)  # without data the file is still checked on random inputs
     stats: dict[str, InputStatistics] = {}
-    if feeds:
-        if config.algorithm.needs_data or config.max_loss is not None:
-            stats = collect_input_statistics(model, src.parent, targets, feeds,
-                                             config.algorithm is WeightAlgorithm.GPTQ, progress)
-        session = _Session(model, src.parent)
-        try:
-            reference = [session.run(output_names, f) for f in feeds[:4]]
-        finally:
-            session.close()
+    if config.algorithm.needs_data or config.max_loss is not None:
+        stats = collect_input_statistics(model, source.parent, targets, feeds,
+                                         config.algorithm is WeightAlgorithm.GPTQ, progress)
+    session = OrtModelSession(model, source.parent)
+    try:
+        reference = [session.run(output_names, f) for f in feeds[:4]]
+    finally:
+        session.close()
     inits = {t.name: t for t in model.graph.initializer}
-    consumers = _consumers(model)
-    records: list[LayerRecord] = []
+    consumers = consumers_of(model)
     quantized: dict[int, tuple[BlockQuantized, float, torch.Tensor]] = {}
     overrides: dict[str, torch.Tensor] = {}  # weights [K, N] changed before quantization (AWQ folds)
     if config.algorithm is WeightAlgorithm.AWQ:
@@ -333,8 +313,9 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
                     _fold_or_mul(model, reader, act, group, inv, consumers)
             if progress:
                 progress(f"awq {act}: alpha {result.alpha:.2f}")
-    chosen: dict[int, BlockQuantized] = {}
+    codes: dict[int, BlockQuantized] = {}
     wide: dict[int, BlockQuantized] = {}
+    records: list[LayerRecord] = []
     spec8 = BlockSpec(8, spec.block_size, spec.symmetric)
     for i, t in enumerate(targets):
         w = overrides.pop(t.weight) if t.weight in overrides else _weight_kn(reader, inits[t.weight], t)
@@ -353,7 +334,7 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
             else:
                 bq = quantize_rtn(w, spec)
             mse = float(((bq.dequantize() - w) ** 2).mean())
-        chosen[id(t.node)] = bq
+        codes[id(t.node)] = bq
         record = LayerRecord(t.node.name, t.weight, t.k, t.n, mse, alpha, bits=config.bits)
         if config.max_loss is not None:
             wide[id(t.node)] = quantize_rtn(w_eff, spec8)
@@ -363,161 +344,25 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
         records.append(record)
         if progress:
             progress(f"quantized {i + 1}/{len(targets)}: {t.node.name or t.weight}")
-    search: MixedSearch | None = None
-    if config.max_loss is not None:
-        search = _mixed_search(model, src.parent, targets, records, chosen, wide, config, feeds[:4], output_names,
-                               reference, progress)
-        for t, record in zip(targets, records, strict=True):
-            if record.bits == 8:
-                chosen[id(t.node)] = wide[id(t.node)]
-        wide.clear()
-    _rewrite_all(model, targets, chosen, config.fmt, config.accuracy_level)
-    if config.embeddings:
-        records += _quantize_embeddings(model, reader, config, patterns)
-    ensure_opsets(model, config.fmt)
-    cosine: dict[str, float] = {}
-
-    def check(staged: Path) -> None:
-        if feeds:
-            cosine.update(_validate(staged, output_names, feeds[:4], reference))
-
-    files = save_with_external_data(model, out, reader, check)
-    result = WeightOnlyResult(out, files, records, skipped, cosine, source_bytes=_model_bytes(src),
-                              output_bytes=sum(f.stat().st_size for f in files), mixed=search)
-    result.seconds = time.perf_counter() - start
-    return result
+    embeddings = _embedding_codes(model, reader, config, patterns, records) if config.embeddings else []
+    return WeightOnlyPlan(model, source, reader, targets, codes, wide, embeddings, records, skipped, feeds, reference)
 
 
-def _rewrite_all(model: onnx.ModelProto, targets: list[WeightMatMul], codes: dict[int, BlockQuantized],
-                 fmt: WeightOnlyFormat, accuracy_level: int = 0) -> None:
-    """Every target's node rewritten with its codes; float weights no other node reads are dropped."""
-    consumers = _consumers(model)
-    uses = {name: len(nodes) for name, nodes in consumers.items()}
-    inits = {t.name: t for t in model.graph.initializer}
-    outputs = {o.name for o in model.graph.output}
-    for t in targets:
-        model.graph.initializer.extend(rewrite_weight_matmul(model, t, codes[id(t.node)], fmt, accuracy_level))
-        uses[t.weight] -= 1
-        if uses[t.weight] == 0 and t.weight not in outputs:
-            model.graph.initializer.remove(inits[t.weight])
-
-
-def _quantize_embeddings(model: onnx.ModelProto, reader: ExternalDataReader, config: WeightOnlyConfig,
-                         patterns: list[NamePattern]) -> list[LayerRecord]:
+def _embedding_codes(model: onnx.ModelProto, reader: ExternalDataReader, config: WeightOnlyConfig,
+                     patterns: list[NamePattern], records: list[LayerRecord]
+                     ) -> list[tuple[EmbeddingGather, BlockQuantized]]:
     """Each embedding Gather's table quantized per row in blocks along D (RTN, or HQQ with algorithm hqq)."""
-    records = []
+    inits = {t.name: t for t in model.graph.initializer}
+    found = []
     for g in find_embedding_gathers(model):
         if any(p.matches(g.node.name) or p.matches(g.table) for p in patterns):
             continue
-        inits = {t.name: t for t in model.graph.initializer}
-        tensor = inits[g.table]
-        table = torch.from_numpy(np.array(reader.array(tensor), dtype=np.float32))
+        table = torch.from_numpy(np.array(reader.array(inits[g.table]), dtype=np.float32))
         if not torch.isfinite(table).all():
             raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
         quantize = quantize_hqq if config.algorithm is WeightAlgorithm.HQQ else quantize_rtn
         bq = quantize(table.t(), config.spec)
-        mse = float(((bq.dequantize().t() - table) ** 2).mean())
-        model.graph.initializer.extend(rewrite_embedding_gather(model, g, bq, config.fmt))
-        if not _consumers(model).get(g.table) and g.table not in {o.name for o in model.graph.output}:
-            model.graph.initializer.remove(tensor)
-        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab, mse, bits=config.bits))
-    return records
-
-
-@dataclass
-class MixedSearch:
-    """Mixed int4 / int8: layers ranked by sensitivity (relative output error of the layer at 4 bits on calibration
-    rows), the smallest number k of most sensitive layers in int8 whose file keeps 1 - min output cosine vs FP32 within
-    max_loss (bisection on k, each candidate run in onnxruntime); the losses measured per k tried."""
-
-    max_loss: float
-    int8_layers: int
-    loss: float
-    tried: dict[int, float]
-    met: bool
-
-
-def _mixed_search(model: onnx.ModelProto, base_dir: Path, targets: list[WeightMatMul], records: list[LayerRecord],
-                  int4: dict[int, BlockQuantized], int8: dict[int, BlockQuantized], config: WeightOnlyConfig,
-                  feeds: Sequence[Feeds], names: list[str], reference: list[list[np.ndarray]],
-                  progress: Callable[[str], None] | None) -> MixedSearch:
-    order = sorted(range(len(targets)), key=lambda i: (-(records[i].sensitivity or 0.0), i))
-    tried: dict[int, float] = {}
-
-    def loss(k: int) -> float:
-        if k not in tried:
-            wide = {id(targets[i].node) for i in order[:k]}
-            candidate = onnx.ModelProto()
-            candidate.CopyFrom(model)
-            copies = [WeightMatMul(candidate.graph.node[list(model.graph.node).index(t.node)], t.activation, t.weight,
-                                   t.k, t.n, t.transposed, t.bias) for t in targets]
-            codes = {id(c.node): (int8 if id(t.node) in wide else int4)[id(t.node)]
-                     for c, t in zip(copies, targets, strict=True)}
-            _rewrite_all(candidate, copies, codes, config.fmt, config.accuracy_level)
-            ensure_opsets(candidate, config.fmt)
-            session = _Session(candidate, base_dir)
-            try:
-                worst = 1.0
-                for feed, ref in zip(feeds, reference, strict=True):
-                    for got, want in zip(session.run(names, feed), ref, strict=True):
-                        worst = min(worst, _cosine(got, want))
-            finally:
-                session.close()
-            tried[k] = 1.0 - worst
-            if progress:
-                progress(f"mixed int4/int8: {k} layers int8, loss {tried[k]:.5f}")
-        return tried[k]
-
-    budget = float(config.max_loss or 0.0)
-    n = len(targets)
-    if loss(0) <= budget:
-        k, met = 0, True
-    elif loss(n) > budget:
-        k, met = n, False
-    else:
-        lo, hi = 0, n  # loss(lo) > budget >= loss(hi)
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if loss(mid) <= budget:
-                hi = mid
-            else:
-                lo = mid
-        k, met = hi, True
-    for i in order[:k]:
-        records[i].bits = 8
-    return MixedSearch(budget, k, tried[k], dict(sorted(tried.items())), met)
-
-
-def _model_bytes(path: Path) -> int:
-    model = onnx.load_model(str(path), load_external_data=False)
-    total = path.stat().st_size
-    seen = set()
-    for t in model.graph.initializer:
-        if t.data_location == TensorProto.EXTERNAL:
-            loc = {e.key: e.value for e in t.external_data}["location"]
-            if loc not in seen:
-                seen.add(loc)
-                total += (path.parent / loc).stat().st_size
-    return total
-
-
-def _validate(staged: Path, names: list[str], feeds: Sequence[Feeds], reference: list[list[np.ndarray]]
-              ) -> dict[str, float]:
-    """onnxruntime runs the staged file; per output the lowest cosine vs FP32 over the feeds. A file onnxruntime cannot
-    run, or with non-finite outputs, is refused (ExportError; nothing is written)."""
-    import onnxruntime as ort
-
-    try:
-        session = ort.InferenceSession(str(staged), providers=["CPUExecutionProvider"])
-        outputs = [session.run(names, feed) for feed in feeds]
-    except Exception as exc:
-        raise ExportError(f"the weight-only file failed in onnxruntime, nothing written: {type(exc).__name__}: "
-                          f"{exc}") from exc
-    cos: dict[str, float] = {}
-    for got_all, ref in zip(outputs, reference, strict=True):
-        for name, got, want in zip(names, got_all, ref, strict=True):
-            if not np.isfinite(got).all():
-                raise ExportError(f"weight-only file: output '{name}' is not finite in onnxruntime; nothing written. "
-                                  "Try 8 bits or exclude the layers that feed it")
-            cos[name] = min(cos.get(name, 1.0), _cosine(got, want))
-    return cos
+        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab,
+                                   float(((bq.dequantize().t() - table) ** 2).mean()), bits=config.bits))
+        found.append((g, bq))
+    return found
