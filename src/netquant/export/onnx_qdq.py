@@ -30,6 +30,7 @@ from netquant.export.ort_kernels import (
     ort_runtime_qdq,
     saved_op_types,
 )
+from netquant.export.ort_patterns import keep_qdq_matmul_bias_apart
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
@@ -252,6 +253,8 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     builder = QdqBuilder(qgraph, model, external=base.big)
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
+    if qgraph.platform.validation is Validation.ONNXRUNTIME:
+        keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
                                                                                  ignore_unknown=True))
@@ -262,6 +265,12 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
                                             "netquant.platform": platform})
     return model, builder, source
+
+
+def _rank(qgraph: QuantizedGraph, name: str) -> int | None:
+    """Rank of value `name` of the quantized graph, None when unknown or not a value of it."""
+    shape = qgraph.graph.value(name).shape
+    return None if shape is None else len(shape)
 
 
 def _version() -> str:
