@@ -100,11 +100,13 @@ class Reason:
     ALL_FLOAT = "float: the placed mixed file timed slower than the source, all float is faster"
     NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
     WIDER = "accuracy budget: the platform's wider format"
+    DYNAMIC = "dynamic activation quantization timed faster"
     WIDER_NOT_ENOUGH = "accuracy budget: float (every region in the wider format is not enough)"
 
 
-# decisions of a region (RegionDecision.decision)
-INT8, WIDER, FLOAT = "int8", "wider", "float"
+# decisions of a region (RegionDecision.decision); DYNAMIC: int8 weights, the activation quantized at run time
+# (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's DynamicQuantizeMatMul)
+INT8, WIDER, FLOAT, DYNAMIC = "int8", "wider", "float", "dynamic"
 # the wide-format graph of a model (the same model calibrated with Platform.widened()), built when first needed
 WideFactory = Callable[[], QuantizedGraph]
 
@@ -125,6 +127,7 @@ class RegionDecision:
     gain: float | None = None
     wider_format: str | None = None  # the wider format's label where decision is WIDER
     wider_gain: float | None = None  # loss(all in the platform's format) - loss(only this region wide)
+    dynamic_ms: float | None = None  # the region's time with its activation quantized at run time (DYNAMIC step)
 
     def describe(self) -> str:
         """How the region runs: 'int8', 'float', or the wider format's label."""
@@ -146,7 +149,7 @@ class RegionDecision:
         return d
 
 
-WIDER_FIELDS = ("wider_format", "wider_gain")
+WIDER_FIELDS = ("wider_format", "wider_gain", "dynamic_ms")
 ROW_HEADER = ["region (anchor op)", "type", "runs in", "why", "FP32 ms", "INT8 ms", "loss if only it is int8",
               "loss saved if float"]
 WIDER_HEADER = "loss saved if only it is wider"
@@ -170,6 +173,10 @@ class Placement:
 
     def float_anchors(self) -> list[str]:
         return [r.anchor for r in self.regions if r.decision == FLOAT]
+
+    def dynamic_anchors(self) -> list[str]:
+        """The regions whose activation input is quantized at run time (DYNAMIC)."""
+        return [r.anchor for r in self.regions if r.decision == DYNAMIC]
 
     def wider_anchors(self) -> list[str]:
         """The regions that run in the platform's wider format (Platform.wider)."""
@@ -203,6 +210,7 @@ class Placement:
         return {"objective": self.objective, "max_loss": self.max_loss, "loss_metric": self.loss_metric,
                 "host": dict(self.host), "measured": dict(self.measured), "note": self.note,
                 "int8_regions": sum(r.decision == INT8 for r in self.regions),
+                "dynamic_regions": sum(r.decision == DYNAMIC for r in self.regions),
                 "wider_regions": sum(r.decision == WIDER for r in self.regions),
                 "float_regions": sum(r.decision == FLOAT for r in self.regions),
                 "regions": [r.as_dict() for r in self.regions]}
@@ -320,7 +328,8 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
         raise ConfigError(f"placement file '{path}' is for platform '{placement.platform}', not "
                           f"'{qgraph.platform.name}'")
     regions = {r.anchor: r for r in find_regions(qgraph)}
-    missing = [a for a in placement.float_anchors() + placement.wider_anchors() if a not in regions]
+    missing = [a for a in placement.float_anchors() + placement.wider_anchors() + placement.dynamic_anchors()
+               if a not in regions]
     if missing:
         raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float or the wider "
                           "format, but this quantized graph has no such region (other quantization settings?); measure "
@@ -329,6 +338,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
         twin = _wide_graph(qgraph, wide, f"placement file '{path}'")
         widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
+    qgraph.dynamic_ops = set(placement.dynamic_anchors())
     placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
     return placement
 
@@ -715,7 +725,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
             time.perf_counter() > start + PROFILE_AFTER_SHARE * time_budget_s:
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
         # the cap
-        return _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+        placement = _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+        return _choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
     if search_s is not None and not (int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss)):
         s.deadline = max(s.deadline, start + search_s)
     p32 = s.profile_fp32()
@@ -826,4 +837,108 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     if time.perf_counter() > s.deadline:
         placement.note = "; ".join(filter(None, [placement.note, f"time cap of {time_budget_s:.1f} s reached: some "
                                                                   "measurements skipped"]))
+    return _choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
+
+
+DYNAMIC_OPS = ("MatMul",)  # region anchors export.dynamic can rewrite
+
+
+def _ort_runs(models: list[onnx.ModelProto], feeds: dict[str, np.ndarray], budget_s: float, timed_from: int = 0
+              ) -> tuple[list[np.ndarray], list[float]]:
+    """Each model's first output on `feeds`, and the wall-clock ms of models[timed_from:] (interleaved rounds;
+    onnxruntime CPU, one thread)."""
+    import onnxruntime as ort
+
+    from netquant.analysis.timing import interleaved_ms
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    sessions = [ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]) for m in models]
+    t = time.perf_counter()
+    outputs = [np.asarray(sess.run(None, feeds)[0], dtype=np.float64).ravel() for sess in sessions]
+    one = max(time.perf_counter() - t, 1e-6)
+    rounds = max(3, min(WALL_ROUNDS, int(budget_s / one)))
+    ms = interleaved_ms([lambda sess=sess: sess.run(None, feeds) for sess in sessions[timed_from:]],
+                        per_round=WALL_RUNS, rounds=rounds, warmup=0)
+    return outputs, ms
+
+
+def _one_minus_cos(a: np.ndarray, b: np.ndarray) -> float:
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return 0.0 if den == 0 else max(0.0, 1.0 - float(a @ b) / den)
+
+
+def _choose_dynamic(s: _Search, placement: Placement, source: onnx.ModelProto | None, max_loss: float | None,
+                    cap_s: float) -> Placement:
+    """The DYNAMIC step, after the INT8 / float decision (onnxruntime): the INT8 MatMul regions are profiled with
+    their activation quantized at run time (export.dynamic) and with static Q/DQ; a region whose static time exceeds
+    SLOWER_MARGIN x its dynamic time + SLOWER_MS goes DYNAMIC, provided the file with those regions dynamic, run
+    against the static one (wall clock, interleaved), is no slower, and its output is no farther from the source's
+    (1 - cosine, onnxruntime, the placement's batch) than the static file's or max_loss. Every candidate region's
+    dynamic time is recorded (dynamic_ms); qgraph.dynamic_ops holds the result."""
+    from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
+
+    qgraph = s.qgraph
+    deadline = time.perf_counter() + cap_s
+    decisions = {r.anchor: r for r in placement.regions}
+    candidates = sorted(a for a, r in decisions.items()
+                        if r.decision == INT8 and s.by_anchor[a].op_type in DYNAMIC_OPS)
+    if not candidates or s.feeds is None:
+        return placement
+    t0 = time.perf_counter()
+
+    def build(dynamic: list[str]) -> onnx.ModelProto:
+        qgraph.dynamic_ops = set(dynamic)
+        try:
+            return build_qdq_model(qgraph)[0]
+        finally:
+            qgraph.dynamic_ops = set()
+
+    static = build([])
+    everything = build(candidates)
+    rewritten = {n.name for n in everything.graph.node if n.op_type == "MatMulInteger"}
+    candidates = [a for a in candidates if a in rewritten]
+    int8 = {a for a, r in decisions.items() if r.decision != FLOAT}
+    measured = placement.measured
+    chosen: list[str] = []
+    if candidates:
+        p_static = profile_onnx(static, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
+        p_dynamic = profile_onnx(everything, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
+        t_static = region_times(p_static, s.nmap, s.region_of, int8)
+        t_dynamic = region_times(p_dynamic, s.nmap, s.region_of, int8)
+        for a in candidates:
+            decisions[a].dynamic_ms = round(t_dynamic.get(a, 0.0), 4)
+            if decisions[a].int8_ms is None:
+                decisions[a].int8_ms = round(t_static.get(a, 0.0), 4)
+            if t_static.get(a, 0.0) > SLOWER_MARGIN * t_dynamic.get(a, 0.0) + SLOWER_MS:
+                chosen.append(a)
+        measured.update({"dynamic_candidates": len(candidates), "static_profile_ms": p_static.node_total_ms,
+                         "all_dynamic_profile_ms": p_dynamic.node_total_ms})
+    note = ""
+    if chosen and time.perf_counter() < deadline:
+        mixed = everything if chosen == candidates else build(chosen)
+        reference = source if source is not None else fp32_onnx(qgraph)
+        try:
+            (ref, out_static, out_mixed), (static_ms, mixed_ms) = _ort_runs(
+                [reference, static, mixed], s.feeds, WALL_BUDGET_S, timed_from=1)
+        except Exception as exc:  # the source does not run in onnxruntime: no confirmation, stay static
+            note = f"dynamic regions not confirmed ({str(exc).splitlines()[0][:120]}): static kept"
+            chosen = []
+        else:
+            loss_static, loss_mixed = _one_minus_cos(out_static, ref), _one_minus_cos(out_mixed, ref)
+            measured.update({"static_wall_ms": static_ms, "dynamic_wall_ms": mixed_ms,
+                             "loss_ort_static": float(f"{loss_static:.6g}"),
+                             "loss_ort_dynamic": float(f"{loss_mixed:.6g}")})
+            if mixed_ms > static_ms:
+                note, chosen = "the file with dynamic regions timed slower than the static one: static kept", []
+            elif loss_mixed > loss_static and (max_loss is None or loss_mixed > max_loss):
+                note, chosen = "dynamic regions less accurate than static beyond the budget: static kept", []
+    elif chosen:
+        note, chosen = "dynamic regions not confirmed (time cap): static kept", []
+    for a in chosen:
+        decisions[a].decision, decisions[a].reason = DYNAMIC, Reason.DYNAMIC
+    qgraph.dynamic_ops = set(chosen)
+    measured.update({"dynamic_regions": len(chosen), "dynamic_s": round(time.perf_counter() - t0, 4)})
+    placement.note = "; ".join(filter(None, [placement.note, note]))
     return placement

@@ -16,6 +16,7 @@ import onnx
 from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
+from netquant.export.dynamic import make_dynamic
 from netquant.export.opset import (
     ai_onnx_opset,
     check_same_outputs,
@@ -211,7 +212,7 @@ def quant_state(qgraph: QuantizedGraph) -> tuple[Any, ...]:
             configs.append((id(c), c.state, c.spec, c.effective_pair_limit, id(r), r.state,
                             None if p is None else (id(p), tensor(p.scale), tensor(p.zero_point))))
         configs.append(name)
-    return graph_state(qgraph.graph), tuple(configs), id(qgraph.platform)
+    return graph_state(qgraph.graph), tuple(configs), id(qgraph.platform), tuple(sorted(qgraph.dynamic_ops))
 
 
 _LAST_BUILD: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], tuple[onnx.ModelProto, QdqBuilder, int]]] = \
@@ -253,6 +254,9 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     builder = QdqBuilder(qgraph, model, external=base.big)
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
+    if qgraph.dynamic_ops and make_dynamic(model, qgraph.dynamic_ops):  # the stats count what the file holds
+        ops = Counter(n.op_type for n in model.graph.node)
+        builder.stats.quantize_nodes, builder.stats.dequantize_nodes = ops["QuantizeLinear"], ops["DequantizeLinear"]
     if qgraph.platform.validation is Validation.ONNXRUNTIME:
         keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
