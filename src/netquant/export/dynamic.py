@@ -29,7 +29,7 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
 def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
     """Rewrite each MatMul named in `matmuls` to dynamic activation quantization (module docstring), in place.
     Only a MatMul whose input 0 is DQ(Q(x)) with a uint8 Q and input 1 a DequantizeLinear of an int8 initializer
-    (per tensor, or per column of a 2-D weight) is rewritten; returns the names rewritten. Q / DQ nodes no other
+    (per tensor, or per column of a 2-D weight; zero point given or omitted) is rewritten; returns the names rewritten. Q / DQ nodes no other
     node reads any more are removed."""
     graph = model.graph
     wanted = set(matmuls)
@@ -54,7 +54,7 @@ def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
             continue
         w_q, w_s = dq_w.input[0], dq_w.input[1]
         w_z = dq_w.input[2] if len(dq_w.input) > 2 else ""
-        if types.get(w_q) != TensorProto.INT8 or len(dims.get(w_q, [])) != 2 or not w_z:
+        if types.get(w_q) != TensorProto.INT8 or len(dims.get(w_q, [])) != 2:
             continue
         per_column = len(dims.get(w_s, [])) == 1 and dims[w_s][0] > 1
         if per_column and _attr(dq_w, "axis", 1) not in (1, -1):
@@ -64,8 +64,8 @@ def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
         new_nodes[mm.name] = [
             helper.make_node("DynamicQuantizeLinear", [x], [names["x_q"], names["x_scale"], names["x_zero_point"]],
                              name=f"{p}/DynamicQuantizeLinear"),
-            helper.make_node("MatMulInteger", [names["x_q"], w_q, names["x_zero_point"], w_z], [names["int32"]],
-                             name=p),
+            helper.make_node("MatMulInteger", [names["x_q"], w_q, names["x_zero_point"]] + ([w_z] if w_z else []),
+                             [names["int32"]], name=p),
             helper.make_node("Cast", [names["int32"]], [names["float"]], name=f"{p}/Cast", to=TensorProto.FLOAT),
             helper.make_node("Mul", [names["x_scale"], w_s], [names["scale"]], name=f"{p}/scale"),
             helper.make_node("Mul", [names["float"], names["scale"]], [mm.output[0]], name=f"{p}/Mul"),

@@ -31,7 +31,11 @@ from netquant.export.ort_kernels import (
     ort_runtime_qdq,
     saved_op_types,
 )
-from netquant.export.ort_patterns import keep_qdq_matmul_bias_apart
+from netquant.export.ort_patterns import (
+    drop_zero_weight_zero_points,
+    gather_int8_rows,
+    keep_qdq_matmul_bias_apart,
+)
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
@@ -259,6 +263,8 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         builder.stats.quantize_nodes, builder.stats.dequantize_nodes = ops["QuantizeLinear"], ops["DequantizeLinear"]
     if qgraph.platform.validation is Validation.ONNXRUNTIME:
         keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
+        gather_int8_rows(model)
+        drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
                                                                                  ignore_unknown=True))

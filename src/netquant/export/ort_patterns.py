@@ -15,6 +15,7 @@ from collections import defaultdict
 from collections.abc import Callable
 
 import onnx
+from onnx import helper
 
 
 def _initializer_rank1(graph: onnx.GraphProto, name: str) -> onnx.TensorProto | None:
@@ -92,3 +93,115 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
 
 
 __all__ = ["keep_qdq_matmul_bias_apart"]
+
+
+def gather_int8_rows(model: onnx.ModelProto) -> int:
+    """Rewrite DequantizeLinear(int8 table [V, D], per-row scale [V], zero zero points, axis 0) -> Gather(axis 0) into
+    Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings): the same values, but
+    only the gathered rows are dequantized each run (onnxruntime does not fold a DequantizeLinear of an initializer,
+    so the first form dequantizes the whole table on every run). Returns how many Gathers were rewritten."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = defaultdict(int)
+    for n in graph.node:
+        for i in n.input:
+            readers[i] += 1
+    taken = set(inits) | set(producer) | {i.name for i in graph.input}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    for gather in graph.node:
+        if gather.op_type != "Gather" or gather.domain not in ("", "ai.onnx") or \
+                next((a.i for a in gather.attribute if a.name == "axis"), 0) != 0:
+            continue
+        dq = producer.get(gather.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+            continue
+        codes, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
+        zero = inits.get(dq.input[2]) if len(dq.input) > 2 and dq.input[2] else None
+        if codes is None or scale is None or codes.data_type != onnx.TensorProto.INT8 or len(codes.dims) != 2 or \
+                list(scale.dims) != [codes.dims[0]] or \
+                next((a.i for a in dq.attribute if a.name == "axis"), 1) not in (0, -2) or \
+                (zero is not None and numpy_helper.to_array(zero).any()):
+            continue
+        column = fresh(f"{scale.name}_rows")
+        scales = onnx.TensorProto()
+        scales.CopyFrom(scale)
+        scales.name = column
+        del scales.dims[:]
+        scales.dims.extend([int(codes.dims[0]), 1])
+        graph.initializer.append(scales)
+        inits[column] = scales
+        p = gather.name or fresh("embedding")
+        rows, as_float, row_scales = fresh(f"{p}/int8_rows"), fresh(f"{p}/rows"), fresh(f"{p}/row_scales")
+        replaced[id(gather)] = [
+            helper.make_node("Gather", [codes.name, gather.input[1]], [rows], name=gather.name, axis=0),
+            helper.make_node("Cast", [rows], [as_float], name=fresh(f"{p}/Cast"), to=onnx.TensorProto.FLOAT),
+            helper.make_node("Gather", [column, gather.input[1]], [row_scales], name=fresh(f"{p}/scales"), axis=0),
+            helper.make_node("Mul", [as_float, row_scales], [gather.output[0]], name=fresh(f"{p}/dequantize")),
+        ]
+        readers[dq.output[0]] -= 1
+    if not replaced:
+        return 0
+    outputs = {o.name for o in graph.output}
+    nodes = []
+    for n in graph.node:
+        if id(n) in replaced:
+            nodes.extend(replaced[id(n)])
+        elif n.op_type == "DequantizeLinear" and readers[n.output[0]] <= 0 and n.output[0] not in outputs:
+            continue  # the table's DequantizeLinear no node reads any more
+        else:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {i for n in nodes for i in n.input}
+    keep = [t for t in graph.initializer if t.name in used or t.name in outputs]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    return len(replaced)
+
+
+def drop_zero_weight_zero_points(model: onnx.ModelProto, rank_of: Callable[[str], int | None]) -> int:
+    """Remove the all-zero zero-point input of DequantizeLinear nodes of int8 initializers (symmetric weights) that
+    only MatMuls with an input of rank >= 3 read, in place: an omitted zero point is 0 (ONNX), onnxruntime fuses
+    DQ -> MatMul into MatMulIntegerToFloat the same, and the file loses one int8 per output channel per weight.
+    (Its Gemm selector, which a 2-D MatMul + Add becomes, needs the zero point: those keep it.) Returns how many
+    zero points were dropped."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+    for n in graph.node:
+        for i in n.input:
+            readers[i].append(n)
+    dropped = 0
+    for node in graph.node:
+        if node.op_type != "DequantizeLinear" or len(node.input) != 3 or not node.input[2]:
+            continue
+        users = readers.get(node.output[0], [])
+        if not users or any(u.op_type != "MatMul" or u.input[1] != node.output[0] or
+                            _source_rank(u.input[0], producer, rank_of) < 3 for u in users):
+            continue
+        x, zero = inits.get(node.input[0]), inits.get(node.input[2])
+        if x is None or zero is None or x.data_type != onnx.TensorProto.INT8 or \
+                zero.data_type != onnx.TensorProto.INT8 or numpy_helper.to_array(zero).any():
+            continue
+        del node.input[2]
+        dropped += 1
+    if dropped:
+        used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+        keep = [t for t in graph.initializer if t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+    return dropped

@@ -105,6 +105,9 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
     safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
     knows_weight_packing=True,
     validation=Validation.ONNXRUNTIME,
+    # word / position embedding tables int8 per row (a transformer's largest tensors; ORT quantize_dynamic
+    # quantizes them too): measured in benchmarks/results/transformers.md
+    embeddings=True,
     aliases=("onnxruntime", "ort"),
 ))
 

@@ -233,6 +233,8 @@ class Platform:
     validation: Validation = Validation.QDQ_REFERENCE
     # fold the mean output shift of weight quantization into the biases (netquant.passes.bias_correction)
     bias_correction: bool = False
+    # embedding tables (Gather of a large float initializer) stored int8, one scale per row (passes.embeddings)
+    embeddings: bool = False
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
     # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
     wider: WiderFormat | None = None
