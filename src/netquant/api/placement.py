@@ -898,7 +898,9 @@ def _choose_dynamic(s: _Search, placement: Placement, source: onnx.ModelProto | 
         finally:
             qgraph.dynamic_ops = set()
 
-    static = build([])
+    # the static file: the one the search built and timed already where no region is float
+    static = s.built.get(frozenset()) if not placement.float_anchors() else None
+    static = static if static is not None else build([])
     everything = build(candidates)
     rewritten = {n.name for n in everything.graph.node if n.op_type == "MatMulInteger"}
     candidates = [a for a in candidates if a in rewritten]

@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 
 def _init_dims(graph: onnx.GraphProto) -> dict[str, list[int]]:
@@ -29,7 +29,8 @@ def _attr(node: onnx.NodeProto, name: str, default: int) -> int:
 def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
     """Rewrite each MatMul named in `matmuls` to dynamic activation quantization (module docstring), in place.
     Only a MatMul whose input 0 is DQ(Q(x)) with a uint8 Q and input 1 a DequantizeLinear of an int8 initializer
-    (per tensor, or per column of a 2-D weight; zero point given or omitted) is rewritten; returns the names rewritten. Q / DQ nodes no other
+    (per tensor, or per column of a 2-D weight; zero point given or omitted, and omitted in MatMulInteger where it
+    is all zero) is rewritten; returns the names rewritten. Q / DQ nodes no other
     node reads any more are removed."""
     graph = model.graph
     wanted = set(matmuls)
@@ -40,6 +41,8 @@ def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
             readers[i] += 1
     dims = _init_dims(graph)
     types = {t.name: t.data_type for t in graph.initializer}
+    zero_codes = {t.name for t in graph.initializer if t.data_type == TensorProto.INT8
+                  and not numpy_helper.to_array(t).any()}
     done: list[str] = []
     new_nodes: dict[str, list[onnx.NodeProto]] = {}
     for mm in graph.node:
@@ -54,6 +57,8 @@ def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
             continue
         w_q, w_s = dq_w.input[0], dq_w.input[1]
         w_z = dq_w.input[2] if len(dq_w.input) > 2 else ""
+        if w_z and w_z in zero_codes:  # an all-zero int8 zero point is MatMulInteger's default: not stored
+            w_z = ""
         if types.get(w_q) != TensorProto.INT8 or len(dims.get(w_q, [])) != 2:
             continue
         per_column = len(dims.get(w_s, [])) == 1 and dims[w_s][0] > 1

@@ -258,13 +258,14 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     builder = QdqBuilder(qgraph, model, external=base.big)
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
-    if qgraph.dynamic_ops and make_dynamic(model, qgraph.dynamic_ops):  # the stats count what the file holds
+    rewritten = bool(qgraph.dynamic_ops and make_dynamic(model, qgraph.dynamic_ops))
+    if qgraph.platform.validation is Validation.ONNXRUNTIME:  # exact rewrites for onnxruntime's fusions
+        keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
+        rewritten = gather_int8_rows(model) > 0 or rewritten
+        drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))
+    if rewritten:  # the stats count what the file holds
         ops = Counter(n.op_type for n in model.graph.node)
         builder.stats.quantize_nodes, builder.stats.dequantize_nodes = ops["QuantizeLinear"], ops["DequantizeLinear"]
-    if qgraph.platform.validation is Validation.ONNXRUNTIME:
-        keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
-        gather_int8_rows(model)
-        drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
                                                                                  ignore_unknown=True))
