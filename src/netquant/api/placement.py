@@ -35,6 +35,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -262,14 +263,32 @@ def _host() -> dict[str, str]:
             f"{kernel_family(info.accumulation, info.cpu)}", "onnxruntime": ort.__version__}
 
 
+# symbolic names of a leading axis that holds samples (a batch): only such an axis is cut to the samples placement times
+_BATCH_AXIS = re.compile(r"^(n|b|bs|nb|batch|batches|batch_?size|n_?batch|num_?batch(es)?|unk__\d+|\w*_dynamic_axes_1)$",
+                         re.IGNORECASE)
+
+
+def batch_axis(v: Any) -> bool:
+    """Whether input `v`'s dim 0 is a batch axis placement may cut: a symbolic dim named like a batch ('batch',
+    'N', 'batch_size', onnx's 'unk__<n>', torch's unnamed '<input>_dynamic_axes_1'), or unknown. A fixed dim, or a
+    symbolic one with another name ('frames', 'seq', 'time'), keeps the calibration batch's shape: a streaming
+    model's [frames, samples] input is timed with the frames it is fed."""
+    if v.shape is None:
+        return True  # nothing declared: as a batch (the rule before batch_axis)
+    if len(v.shape) == 0:
+        return False
+    dim = v.shape[0]
+    return dim is None or (isinstance(dim, str) and (dim == "" or bool(_BATCH_AXIS.match(dim))))
+
+
 def _first(batch: dict[str, torch.Tensor], qgraph: QuantizedGraph, n: int) -> dict[str, torch.Tensor]:
-    """The first n samples of a calibration batch (all of it where the model's batch dimension is fixed)."""
+    """The first n samples of a calibration batch along the inputs' batch axis (batch_axis); inputs without one
+    (a fixed or non-batch dim 0) are taken whole, at the calibration batch's shape."""
     out = {}
     for v in qgraph.graph.inputs:
         if v.name in batch:
             x = batch[v.name]
-            fixed = v.shape is not None and len(v.shape) > 0 and isinstance(v.shape[0], int) and v.shape[0] > 0
-            out[v.name] = x if fixed or x.dim() == 0 else x[:n]
+            out[v.name] = x[:n] if batch_axis(v) and x.dim() > 0 else x
     return out
 
 
@@ -709,7 +728,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         return placement
 
     all_anchors = set(s.by_anchor)
-    measured: dict[str, float] = {}
+    measured: dict[str, Any] = {"timed_shapes": {k: list(v.shape) for k, v in (s.feeds or {}).items()}}
     budget = _Budget(s, max_loss, objective)
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
