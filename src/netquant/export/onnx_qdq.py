@@ -35,6 +35,7 @@ from netquant.export.ort_patterns import (
     drop_zero_weight_zero_points,
     gather_int8_rows,
     keep_qdq_matmul_bias_apart,
+    q_attention,
 )
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.slots import Exportable, check_deployable, unwrap
@@ -262,6 +263,7 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     if qgraph.platform.validation is Validation.ONNXRUNTIME:  # exact rewrites for onnxruntime's fusions
         keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
         rewritten = gather_int8_rows(model) > 0 or rewritten
+        rewritten = q_attention(model) > 0 or rewritten
         drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))
     if rewritten:  # the stats count what the file holds
         ops = Counter(n.op_type for n in model.graph.node)

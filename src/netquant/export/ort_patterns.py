@@ -205,3 +205,51 @@ def drop_zero_weight_zero_points(model: onnx.ModelProto, rank_of: Callable[[str]
         del graph.initializer[:]
         graph.initializer.extend(keep)
     return dropped
+
+
+def q_attention(model: onnx.ModelProto) -> int:
+    """Rewrite com.microsoft Attention(DQ(Q(x)), DQ(int8 weights), bias, mask...) into QAttention(Q(x), weights,
+    bias, s_x, s_w, mask, z_x, z_w), in place: the same arithmetic (onnxruntime's QAttention dequantizes with those
+    scales) in onnxruntime's int8 attention kernel. Attentions with a past input are left alone. Returns the count."""
+    graph = model.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    readers: dict[str, int] = defaultdict(int)
+    for n in graph.node:
+        for i in n.input:
+            readers[i] += 1
+    replaced: dict[int, onnx.NodeProto] = {}
+    for node in graph.node:
+        if node.op_type != "Attention" or node.domain != "com.microsoft" or len(node.input) < 3 or \
+                (len(node.input) > 4 and any(node.input[4:])):
+            continue
+        dq_x, dq_w = producer.get(node.input[0]), producer.get(node.input[1])
+        if dq_x is None or dq_w is None or dq_x.op_type != "DequantizeLinear" or dq_w.op_type != "DequantizeLinear":
+            continue
+        q_x = producer.get(dq_x.input[0])
+        w = inits.get(dq_w.input[0])
+        if q_x is None or q_x.op_type != "QuantizeLinear" or w is None or w.data_type != onnx.TensorProto.INT8 or \
+                len(dq_x.input) < 3 or len(dq_w.input) < 3:
+            continue
+        mask = node.input[3] if len(node.input) > 3 else ""
+        inputs = [dq_x.input[0], dq_w.input[0], node.input[2], dq_x.input[1], dq_w.input[1], mask, dq_x.input[2],
+                  dq_w.input[2]]
+        replaced[id(node)] = helper.make_node("QAttention", inputs, list(node.output), name=node.name,
+                                              domain="com.microsoft", **{a.name: helper.get_attribute_value(a)
+                                                                         for a in node.attribute})
+        readers[dq_x.output[0]] -= 1
+        readers[dq_w.output[0]] -= 1
+    if not replaced:
+        return 0
+    outputs = {o.name for o in graph.output}
+    nodes = []
+    for n in graph.node:
+        if id(n) in replaced:
+            nodes.append(replaced[id(n)])
+        elif n.op_type == "DequantizeLinear" and readers[n.output[0]] <= 0 and n.output[0] not in outputs:
+            continue
+        else:
+            nodes.append(n)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return len(replaced)

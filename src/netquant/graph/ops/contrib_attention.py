@@ -139,3 +139,25 @@ def embed_layer_norm(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: Op
         y = y + beta
     count = (mask > 0).sum(1).to(torch.int32) if mask is not None else torch.zeros(b, dtype=torch.int32)
     return [y, count, e][: max(ctx.num_outputs, 1)]
+
+
+def _dequant(q: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
+    """(q - zero) * scale, per tensor or per last-axis column (scale / zero 1-D of that length)."""
+    v = q.to(torch.float32)
+    if zero is not None:
+        v = v - zero.to(torch.float32)
+    return v * scale.to(torch.float32)
+
+
+@register_op("QAttention", domain=MS)
+def q_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Attention on a uint8 / int8 input and int8 weights: the dequantized input (x_q - z_x) * s_x and weights
+    (w_q - z_w) * s_w (per tensor or per column) through Attention; inputs: input, weight, bias, input_scale,
+    weight_scale, mask_index, input_zero_point, weight_zero_point, past."""
+    x_q, w_q, bias, s_x, s_w = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]
+    mask, z_x, z_w = opt(inputs, 5), opt(inputs, 6), opt(inputs, 7)
+    _no_past(inputs, (8,), ctx)
+    x = _dequant(x_q, s_x.reshape(()), z_x.reshape(()) if z_x is not None else None)
+    w = _dequant(w_q, s_w.reshape(-1) if s_w.numel() > 1 else s_w.reshape(()),
+                 None if z_w is None else (z_w.reshape(-1) if z_w.numel() > 1 else z_w.reshape(())))
+    return ms_attention([x, w, bias, mask], attrs, ctx)
