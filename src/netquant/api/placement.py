@@ -16,6 +16,12 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
    with its neighbours), decide step 3 again; stop when nothing changes, after MAX_ROUNDS or at the time cap;
 6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
    the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY; the fastest where none is).
+7. static or dynamic (onnxruntime, `_choose_dynamic`): the INT8 MatMul regions are profiled once more with their
+   activation quantized at run time (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's
+   DynamicQuantizeMatMul); regions clearly faster so are the per-region choice; the all-static file, the
+   all-dynamic one and the per-region choice are then timed against each other (wall clock) and the fastest whose
+   onnxruntime output is as close to the source's as the static file's (or within max_loss) ships: decision
+   DYNAMIC, with each region's dynamic_ms in the placement file.
 
 BALANCED / ACCURACY first time the all-INT8 file against the user's FP32 model (wall clock, interleaved, within
 WALL_BUDGET_S); when it is no slower and within the budget that decides, and steps 2-6 run only while the time cap
