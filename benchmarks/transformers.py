@@ -2,7 +2,8 @@
 
 Encoders (issue 21): the BERT-style fused-QKV encoder (zoo.bert_model_path: 6 layers, width 384, 12 heads of 32, token
 Embedding inside, additive mask, TorchScript export at opset 17) with a fixed [1, 64] shape (torch.onnx's default
-without dynamic_axes) and with dynamic batch / sequence axes; and the built-in nn.TransformerEncoder
+without dynamic_axes), with dynamic batch / sequence axes, and the latter after onnxruntime.transformers.optimizer
+(SkipLayerNormalization, BiasGelu); and the built-in nn.TransformerEncoder
 (zoo.encoder_model_path, float inputs [batch, 64, 384]). Random (seeded) weights: output cosine vs FP32 is the metric.
 
 Methods: FP32 (the source file), netquant default (quantize_onnx, objective balanced, onnxruntime_int8), ORT
@@ -11,7 +12,7 @@ MinMax, QUInt8 activations, after quant_pre_process) and NNCF (nncf.quantize, mo
 Latency: batch 1, one onnxruntime thread, every method of a model interleaved round by round (medians); speed = FP32
 latency / method latency. Quantization time: quantize (+ export with its validation for netquant) wall seconds.
 
-    python benchmarks/transformers.py [--quick] [--models bert64,bert,encoder] [--calib 16] [--eval 16]
+    python benchmarks/transformers.py [--quick] [--models bert64,bert,bert_ortopt,encoder] [--calib 16] [--eval 16]
 
 Writes benchmarks/results/transformers.md and prints it.
 """
@@ -82,11 +83,29 @@ def cases(wanted: list[str], n_calib: int, n_eval: int) -> list[Case]:
         calib = [zoo.bert_inputs(1, 64 if i % 2 else 128, seed=i) for i in range(n_calib)]
         out.append(Case("fused-QKV BERT-style 6x384, dynamic batch / seq", zoo.bert_model_path(), calib,
                         {s: [zoo.bert_inputs(1, s, seed=1000 + i) for i in range(n_eval)] for s in (64, 128)}))
+    if "bert_ortopt" in wanted:
+        calib = [zoo.bert_inputs(1, 64 if i % 2 else 128, seed=i) for i in range(n_calib)]
+        out.append(Case("fused-QKV BERT-style 6x384, dynamic, after onnxruntime.transformers.optimizer",
+                        ort_optimized(zoo.bert_model_path()), calib,
+                        {s: [zoo.bert_inputs(1, s, seed=1000 + i) for i in range(n_eval)] for s in (64, 128)}))
     if "encoder" in wanted:
         out.append(Case("built-in nn.TransformerEncoder 6x384, [batch, 64, 384]", zoo.encoder_model_path(),
                         [zoo.encoder_inputs(1, seed=i) for i in range(n_calib)],
                         {zoo.ENCODER_SEQ: [zoo.encoder_inputs(1, seed=1000 + i) for i in range(n_eval)]}))
     return out
+
+
+def ort_optimized(path: Path) -> Path:
+    """`path` after onnxruntime.transformers.optimizer (model_type bert, 12 heads, hidden 384, opt_level 0): the
+    graph form users get from that tool (SkipLayerNormalization, BiasGelu; this model's fused-QKV attention is not a
+    pattern the optimizer fuses into Attention), cached next to `path`."""
+    from onnxruntime.transformers import optimizer
+
+    target = path.with_name(path.stem + "_ortopt.onnx")
+    if not target.exists():
+        optimizer.optimize_model(str(path), model_type="bert", num_heads=zoo.BERT_HEADS, hidden_size=zoo.BERT_DIM,
+                                 opt_level=0).save_model_to_file(str(target))
+    return target
 
 
 # ---- methods: each writes `out` and returns a note -------------------------------------------------------------
@@ -239,7 +258,7 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="bert64,bert,encoder")
+    ap.add_argument("--models", default="bert64,bert,bert_ortopt,encoder")
     ap.add_argument("--calib", type=int, default=16)
     ap.add_argument("--eval", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=5)
