@@ -66,6 +66,8 @@ class QuantSettings:
         (torch thread count).  None = the observer's exact range.
     bias_correction: fold the mean output shift of weight quantization into the biases
         (passes.bias_correction); None = the platform's default (Platform.bias_correction).
+    embeddings: store embedding tables (Gather of a float initializer of at least EMBEDDING_MIN_ELEMENTS) in int8
+        with one scale per row (passes.embeddings); None = the platform's default (Platform.embeddings).
     objective: automatic placement (Objective; None = the platform's rules only, no measurement).
     max_loss: the accuracy budget of placement: 1 - output cosine vs FP32 by default, or with `metric` the allowed
         drop of metric(outputs, target) on `eval_data` ((inputs, target) pairs), in the metric's units; None = the
@@ -97,6 +99,7 @@ class QuantSettings:
     device: str = "cpu"
     range_bits: int | None = 8
     bias_correction: bool | None = None  # None: the platform's choice (Platform.bias_correction)
+    embeddings: bool | None = None  # None: the platform's choice (Platform.embeddings)
     target: CpuTarget | str | None = None
     weight_scheme: WeightScheme | str | None = None
     objective: Objective | str | None = Objective.BALANCED

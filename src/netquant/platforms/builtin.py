@@ -83,6 +83,10 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
                                     requires_quantized_input_if=depthwise_or_small(ORT_MIN_CONV_MACS)),
         COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_weight=True),
         COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.WHEN_CONSUMED),
+        # com.microsoft Attention (onnxruntime.transformers.optimizer graphs): uint8 input and int8 per-column
+        # weights [H, 3H], float bias and output; exported as QAttention (export.ort_patterns.q_attention)
+        OpRule("Attention", OpRole.COMPUTE, (0, 1), weight_input=1, weight_axis=-1, output=OutputPolicy.NEVER,
+               requires_weight=True, domain="com.microsoft"),
         OpRule("Relu", OpRole.ACTIVATION),
         OpRule("Clip", OpRole.ACTIVATION),
         *_std(_ORT_MOVE_OPS, requires_quantized_input=True),
@@ -105,6 +109,9 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
     safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
     knows_weight_packing=True,
     validation=Validation.ONNXRUNTIME,
+    # word / position embedding tables int8 per row (a transformer's largest tensors; ORT quantize_dynamic
+    # quantizes them too): measured in benchmarks/results/transformers.md
+    embeddings=True,
     aliases=("onnxruntime", "ort"),
     engine="onnxruntime",
 ))

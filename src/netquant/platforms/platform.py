@@ -72,6 +72,7 @@ class OpRule:
     requires_quantized_input: quantize only when every activation input is already quantized
         upstream (the engine then runs the op on integers without an extra Quantize).
     requires_weight: quantize only when weight_input is a constant (MatMul with a weight matrix).
+    domain: the op's domain when it is not ai.onnx ('com.microsoft'); the rule applies to that domain's op only.
     """
 
     op_type: str
@@ -85,6 +86,7 @@ class OpRule:
     requires_weight: bool = False
     # per-node refinement: when it returns True for (node, weight), the op also requires quantized input
     requires_quantized_input_if: Callable[[Node, torch.Tensor | None], bool] | None = None
+    domain: str = ""  # the op's domain when not ai.onnx (com.microsoft Attention); other domains' ops do not match
 
     def needs_quantized_input(self, node: Node, weight: torch.Tensor | None) -> bool:
         if self.requires_quantized_input:
@@ -233,6 +235,8 @@ class Platform:
     validation: Validation = Validation.QDQ_REFERENCE
     # fold the mean output shift of weight quantization into the biases (netquant.passes.bias_correction)
     bias_correction: bool = False
+    # embedding tables (Gather of a large float initializer) stored int8, one scale per row (passes.embeddings)
+    embeddings: bool = False
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
     # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
     wider: WiderFormat | None = None
