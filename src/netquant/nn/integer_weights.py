@@ -1,0 +1,153 @@
+"""Integer weight storage in an exported QDQ graph: constant float weight -> QuantizeLinear -> DequantizeLinear
+becomes integer initializer -> DequantizeLinear.
+
+The module exporter traces each weight quantizer as Q -> DQ on the (already fake-quantized) float weight, so the
+file would carry float32 weights. `fold_weight_qdq` computes the Q node's output once, as ONNX defines it,
+
+    q = saturate(round_half_even(w / s) + z)      (s, z broadcast per tensor, per axis or per block)
+
+and stores q as an initializer of the Q output's integer type (int4 / uint4 packed two a byte, low nibble first;
+int8 / uint8 / int16 / uint16), read by the same DequantizeLinear nodes. The DQ output is bit-identical to what the
+Q -> DQ pair computes (same float32 division), and a w4 weight takes 1/8 of its float32 bytes. FP8 pairs stay.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from netquant.core.qdq_types import INT_RANGES
+
+_FOLDABLE = {TensorProto.INT4: np.int8, TensorProto.UINT4: np.uint8, TensorProto.INT8: np.int8,
+             TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16}
+
+
+@dataclass
+class FoldReport:
+    """What fold_weight_qdq did: folded Q nodes, float bytes dropped and integer bytes added."""
+
+    folded: int = 0
+    float_bytes: int = 0
+    integer_bytes: int = 0
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, object]:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def _broadcast(param: np.ndarray, shape: tuple[int, ...], axis: int, block_size: int) -> np.ndarray:
+    """A Q/DQ scale or zero point expanded to the tensor's `shape` (scalar, per axis, or blocked along axis)."""
+    if param.size == 1 and block_size == 0:
+        return param.reshape(())
+    if block_size > 0:
+        return np.repeat(param, block_size, axis=axis).take(np.arange(shape[axis]), axis=axis)
+    view = [1] * len(shape)
+    view[axis] = -1
+    return param.reshape(view)
+
+
+def quantize_linear(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, elem_type: int, axis: int = 1,
+                    block_size: int = 0) -> np.ndarray:
+    """ONNX QuantizeLinear of a float32 array: saturate(rint(x / s) + z) as int64 values of `elem_type`'s range."""
+    x = x.astype(np.float32)
+    if x.ndim:
+        axis = axis % x.ndim
+    s = _broadcast(scale.astype(np.float32), x.shape, axis, block_size)
+    q = np.rint(x / s).astype(np.int64)
+    if zero is not None:
+        q = q + _broadcast(zero.astype(np.int64), x.shape, axis, block_size)
+    lo, hi = INT_RANGES[elem_type]
+    return np.clip(q, lo, hi)
+
+
+def integer_tensor(name: str, values: np.ndarray, elem_type: int) -> onnx.TensorProto:
+    """An initializer of integer `elem_type` holding `values` (4-bit types packed two a byte, low nibble first)."""
+    if elem_type in (TensorProto.INT4, TensorProto.UINT4):
+        nib = (values.reshape(-1).astype(np.int64) & 0x0F).astype(np.uint8)
+        if nib.size % 2:
+            nib = np.append(nib, np.uint8(0))
+        raw = (nib[0::2] | (nib[1::2] << 4)).astype(np.uint8).tobytes()
+        return helper.make_tensor(name, elem_type, list(values.shape), raw, raw=True)
+    return numpy_helper.from_array(values.astype(_FOLDABLE[elem_type]), name)
+
+
+def _constant(name: str, inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    t = inits.get(name)
+    return None if t is None else numpy_helper.to_array(t)
+
+
+def _fresh(base: str, taken: set[str]) -> str:
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name
+
+
+def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
+    """Fold, in place, every QuantizeLinear of the main graph whose input, scale and zero point are initializers and
+    whose output feeds only DequantizeLinear nodes (with the same scale, zero point, axis and block_size) into an
+    integer initializer read by those DQ nodes; float initializers nobody reads any more are dropped."""
+    graph = model.graph
+    report = FoldReport()
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    taken = set(inits) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    dropped_q: list[onnx.NodeProto] = []
+    for node in graph.node:
+        if node.op_type != "QuantizeLinear" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            continue
+        if len(node.input) < 2 or node.input[0] not in inits or node.input[1] not in inits:
+            continue
+        x_t = inits[node.input[0]]
+        if x_t.data_type != TensorProto.FLOAT:
+            continue
+        attrs = _attrs(node)
+        zp_name = node.input[2] if len(node.input) > 2 else ""
+        if zp_name and zp_name not in inits:
+            continue
+        elem_type = inits[zp_name].data_type if zp_name else int(attrs.get("output_dtype", 0) or TensorProto.UINT8)
+        if elem_type not in _FOLDABLE:
+            continue
+        users = consumers.get(node.output[0], [])
+        axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))  # type: ignore[call-overload]
+        if not users or not all(_same_dq(u, node, axis, block) for u in users):
+            continue
+        x = numpy_helper.to_array(x_t)
+        zero = _constant(zp_name, inits) if zp_name else None
+        q = quantize_linear(x, numpy_helper.to_array(inits[node.input[1]]), zero, elem_type, axis, block)
+        q_t = integer_tensor(_fresh(f"{node.input[0]}_quantized", taken), q, elem_type)
+        graph.initializer.append(q_t)
+        inits[q_t.name] = q_t
+        for user in users:
+            user.input[0] = q_t.name
+        dropped_q.append(node)
+        report.folded += 1
+        report.integer_bytes += len(q_t.raw_data)
+        consumers[node.input[0]].remove(node)
+        if not consumers[node.input[0]] and node.input[0] not in outputs:
+            report.float_bytes += int(x.nbytes)
+            graph.initializer.remove(x_t)
+            del inits[node.input[0]]
+    for node in dropped_q:
+        graph.node.remove(node)
+    return report
+
+
+def _same_dq(user: onnx.NodeProto, q: onnx.NodeProto, axis: int, block: int) -> bool:
+    if user.op_type != "DequantizeLinear" or user.domain not in ("", "ai.onnx") or user.input[0] != q.output[0]:
+        return False
+    if [n for n in user.input[1:] if n] != [n for n in q.input[1:3] if n]:
+        return False
+    attrs = _attrs(user)
+    return int(attrs.get("axis", 1)) == axis and int(attrs.get("block_size", 0)) == block  # type: ignore[call-overload]
+
+
+__all__ = ["FoldReport", "fold_weight_qdq", "integer_tensor", "quantize_linear"]
