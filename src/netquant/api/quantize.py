@@ -134,7 +134,9 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     """Export `module` (in eval mode) to ONNX with netquant's one torch -> ONNX path
     (netquant.nn.export.torch_to_onnx: torch.onnx's torch.export-based exporter, opset EXPORT_OPSET = 21,
     at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...);
-    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names."""
+    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names.
+    Weight-only int4 / int8 (MatMulNBits or blocked DQ files) of a module: netquant.quantize_weights(module, path,
+    example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only."""
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
