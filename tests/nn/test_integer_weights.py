@@ -170,6 +170,22 @@ def test_float_weights_on_request(tmp_path: Path) -> None:
     np.testing.assert_array_equal(_run(unfolded, x, True), _run(folded, x, True))
 
 
+@pytest.mark.parametrize("elem", [TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E5M2])
+def test_fp8_fold_is_exact_against_onnxruntime(elem: int) -> None:
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((16, 32)) * 50).astype(np.float32)
+    x[0, :4] = [1e6, -1e6, 0.0, 1e-9]  # saturation to +-max, zero, underflow
+    scale = rng.uniform(0.05, 0.5, 16).astype(np.float32)
+    model = _q_model(x, scale, np.zeros(16), elem, 0, 0)
+    a = rng.standard_normal(x.shape).astype(np.float32)
+    want = _session(model.SerializeToString(), literal=True).run(None, {"a": a})[0]
+    report = fold_weight_qdq(model)
+    assert report.folded == 1 and report.integer_bytes == x.size
+    assert model.graph.initializer[-1].data_type == elem
+    onnx.checker.check_model(model, full_check=True)
+    np.testing.assert_array_equal(_session(model.SerializeToString(), literal=True).run(None, {"a": a})[0], want)
+
+
 def test_q_read_by_another_op_or_a_graph_output_is_kept() -> None:
     x = np.linspace(-1, 1, 32, dtype=np.float32).reshape(4, 8)
     model = _q_model(x, np.array(0.1, dtype=np.float32), None, TensorProto.UINT8, 1, 0)

@@ -68,13 +68,10 @@ def test_onnxruntime_matches_fake_quant_model(preset, tmp_path):
         if len(node.input) > 2 and node.input[2] in inits:
             zp_types.add(onnx.TensorProto.DataType.Name(inits[node.input[2]].data_type))
     assert qtype in zp_types, zp_types
-    # weights are stored as integers (no float weight -> QuantizeLinear left), except FP8 pairs
-    weight_q = [n for n in proto.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in inits]
-    assert (len(weight_q) == 3) if preset == "fp8" else not weight_q
-    if preset != "fp8":
-        int_weights = [inits[n.input[0]] for n in dq_nodes if n.input[0] in inits]
-        assert len(int_weights) == 3 and all(onnx.TensorProto.DataType.Name(t.data_type) == qtype
-                                             for t in int_weights)
+    # weights are stored in their quantized type (no float weight -> QuantizeLinear left), FP8 too
+    assert not [n for n in proto.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in inits]
+    int_weights = [inits[n.input[0]] for n in dq_nodes if n.input[0] in inits]
+    assert len(int_weights) == 3 and all(onnx.TensorProto.DataType.Name(t.data_type) == qtype for t in int_weights)
     if preset == "w4a16_per_group":
         blocks = [a.i for n in dq_nodes for a in n.attribute if a.name == "block_size"]
         assert 16 in blocks

@@ -8,7 +8,9 @@ file would carry float32 weights. `fold_weight_qdq` computes the Q node's output
 
 and stores q as an initializer of the Q output's integer type (int4 / uint4 packed two a byte, low nibble first;
 int8 / uint8 / int16 / uint16), read by the same DequantizeLinear nodes. The DQ output is bit-identical to what the
-Q -> DQ pair computes (same float32 division), and a w4 weight takes 1/8 of its float32 bytes. FP8 pairs stay.
+Q -> DQ pair computes (same float32 division), and a w4 weight takes 1/8 of its float32 bytes. FP8 weights
+(float8e4m3fn / float8e5m2, zero point 0) fold the same way: q = cast_fp8(clamp(w / s, -max, max)), round to nearest
+even, as QuantizeLinear with saturate=1 computes it.
 """
 
 from __future__ import annotations
@@ -17,12 +19,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from netquant.core.qdq_types import INT_RANGES
+from netquant.core.qdq_types import FP8_TYPES, INT_RANGES
+from netquant.core.spec import FP8_DTYPE, FP8_MAX
 
 _FOLDABLE = {TensorProto.INT4: np.int8, TensorProto.UINT4: np.uint8, TensorProto.INT8: np.int8,
              TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16}
+
+
+_FP8 = {elem: (FP8_DTYPE[fmt], FP8_MAX[fmt]) for fmt, elem in FP8_TYPES.items()}
 
 
 @dataclass
@@ -63,8 +70,21 @@ def quantize_linear(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, e
     return np.clip(q, lo, hi)
 
 
+def quantize_linear_fp8(x: np.ndarray, scale: np.ndarray, elem_type: int, axis: int = 1, block_size: int = 0
+                        ) -> np.ndarray:
+    """ONNX QuantizeLinear (saturate=1) of a float32 array to FP8 `elem_type`: the float8 values' bit patterns (uint8)."""
+    dtype, fmax = _FP8[elem_type]
+    x = x.astype(np.float32)
+    if x.ndim:
+        axis = axis % x.ndim
+    y = torch.from_numpy(x / _broadcast(scale.astype(np.float32), x.shape, axis, block_size))
+    return y.clamp(-fmax, fmax).to(dtype).view(torch.uint8).numpy()
+
+
 def integer_tensor(name: str, values: np.ndarray, elem_type: int) -> onnx.TensorProto:
     """An initializer of integer `elem_type` holding `values` (4-bit types packed two a byte, low nibble first)."""
+    if elem_type in _FP8:  # `values`: the float8 bit patterns
+        return helper.make_tensor(name, elem_type, list(values.shape), values.astype(np.uint8).tobytes(), raw=True)
     if elem_type in (TensorProto.INT4, TensorProto.UINT4):
         nib = (values.reshape(-1).astype(np.int64) & 0x0F).astype(np.uint8)
         if nib.size % 2:
@@ -114,7 +134,7 @@ def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
         if zp_name and zp_name not in inits:
             continue
         elem_type = inits[zp_name].data_type if zp_name else int(attrs.get("output_dtype", 0) or TensorProto.UINT8)
-        if elem_type not in _FOLDABLE:
+        if elem_type not in _FOLDABLE and elem_type not in _FP8:
             continue
         users = consumers.get(node.output[0], [])
         axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))  # type: ignore[call-overload]
@@ -122,7 +142,13 @@ def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
             continue
         x = numpy_helper.to_array(x_t)
         zero = _constant(zp_name, inits) if zp_name else None
-        q = quantize_linear(x, numpy_helper.to_array(inits[node.input[1]]), zero, elem_type, axis, block)
+        scale = numpy_helper.to_array(inits[node.input[1]])
+        if elem_type in _FP8:
+            if (zero is not None and np.any(zero.astype(np.float32) != 0)) or not attrs.get("saturate", 1):
+                continue
+            q = quantize_linear_fp8(x, scale, elem_type, axis, block)
+        else:
+            q = quantize_linear(x, scale, zero, elem_type, axis, block)
         q_t = integer_tensor(_fresh(f"{node.input[0]}_quantized", taken), q, elem_type)
         graph.initializer.append(q_t)
         inits[q_t.name] = q_t
@@ -150,4 +176,4 @@ def _same_dq(user: onnx.NodeProto, q: onnx.NodeProto, axis: int, block: int) -> 
     return int(attrs.get("axis", 1)) == axis and int(attrs.get("block_size", 0)) == block  # type: ignore[call-overload]
 
 
-__all__ = ["FoldReport", "fold_weight_qdq", "integer_tensor", "quantize_linear"]
+__all__ = ["FoldReport", "fold_weight_qdq", "integer_tensor", "quantize_linear", "quantize_linear_fp8"]
