@@ -84,3 +84,10 @@ def test_export_weight_only_of_a_w4a16_module(tmp_path: Path, fmt: str) -> None:
         ref = q(x).numpy()
     np.testing.assert_allclose(_run(path, x), ref, rtol=1e-4, atol=1e-5)
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
+
+
+def test_export_weight_only_format_error_writes_nothing(tmp_path: Path) -> None:
+    q = nqnn.quantize_model(_mlp(32), nqnn.ModelQuantConfig.w4a16(group_size=16))
+    with pytest.raises(ConfigError, match="format='gguf': choose one of matmulnbits, dq"):
+        export_weight_only(q, torch.randn(2, 32), tmp_path / "m.onnx", format="gguf")
+    assert list(tmp_path.iterdir()) == []
