@@ -82,7 +82,10 @@ def test_export_weight_only_of_a_w4a16_module(tmp_path: Path, fmt: str) -> None:
     assert path.stat().st_size < 0.16 * fp32
     with torch.no_grad():
         ref = q(x).numpy()
-    np.testing.assert_allclose(_run(path, x), ref, rtol=1e-4, atol=1e-5)
+    if fmt == "matmulnbits":  # accuracy_level 0: float compute of the int4 weights
+        np.testing.assert_allclose(_run(path, x), ref, rtol=1e-4, atol=1e-5)
+    else:  # onnxruntime fuses DQ -> MatMul into MatMulNBits with int8 activations (its accuracy level 4)
+        assert np.abs(_run(path, x) - ref).max() < 0.02 * np.abs(ref).max()
     assert [p.name for p in tmp_path.iterdir()] == [path.name]
 
 

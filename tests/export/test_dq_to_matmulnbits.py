@@ -45,6 +45,9 @@ def _dq_model(elem: int, block: int, with_zero: bool, layout: str, bias: bool = 
         nodes.append(helper.make_node("MatMul", ["x", "wt"], ["y"]))
     elif layout == "matmul":
         nodes.append(helper.make_node("MatMul", ["x", "w"], ["y"]))
+    elif layout == "matmul_add":  # the bias Add folds into MatMulNBits' bias input
+        inits.append(numpy_helper.from_array(np.linspace(-1, 1, N, dtype=np.float32), "b"))
+        nodes += [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["b", "mm"], ["y"])]
     else:
         inputs = ["x", "w"] + (["b"] if bias else [])
         if bias:
@@ -60,7 +63,8 @@ def _dq_model(elem: int, block: int, with_zero: bool, layout: str, bias: bool = 
 @pytest.mark.parametrize(("elem", "block", "with_zero", "layout"), [
     (TensorProto.INT4, 16, False, "matmul"), (TensorProto.INT4, 32, True, "transpose"),
     (TensorProto.UINT4, 32, True, "gemm_t"), (TensorProto.UINT4, 16, False, "gemm"),
-    (TensorProto.INT8, 64, False, "gemm_t"), (TensorProto.UINT8, 16, True, "matmul")])
+    (TensorProto.INT8, 64, False, "gemm_t"), (TensorProto.UINT8, 16, True, "matmul"),
+    (TensorProto.INT4, 16, True, "matmul_add")])
 def test_matmulnbits_computes_what_the_dq_graph_computes(elem: int, block: int, with_zero: bool, layout: str) -> None:
     model = _dq_model(elem, block, with_zero, layout, bias=layout.startswith("gemm"))
     x = np.random.default_rng(2).standard_normal([3, K] if layout.startswith("gemm") else [2, 3, K]).astype(np.float32)
@@ -69,6 +73,7 @@ def test_matmulnbits_computes_what_the_dq_graph_computes(elem: int, block: int, 
     ops = [n.op_type for n in model.graph.node]
     assert ops == ["MatMulNBits"], ops
     node = model.graph.node[0]
+    assert (len(node.input) > 5 and node.input[5] == "b") == (layout in ("gemm_t", "gemm", "matmul_add"))
     attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
     assert (attrs["K"], attrs["N"], attrs["block_size"]) == (K, N, block)
     assert attrs["bits"] == (4 if elem in (TensorProto.INT4, TensorProto.UINT4) else 8)

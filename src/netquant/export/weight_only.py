@@ -399,6 +399,11 @@ def dq_weights_to_matmulnbits(model: onnx.ModelProto) -> int:
         bq = _block_quantized(w)
         n, k = w.q_nk.shape
         bias = w.consumer.input[2] if w.consumer.op_type == "Gemm" and len(w.consumer.input) > 2 else ""
+        add = _bias_add(w.consumer, n, inits, consumers, outputs) if w.consumer.op_type == "MatMul" else None
+        if add is not None:  # MatMul -> Add(bias [N]) becomes MatMulNBits' bias input
+            bias = next(i for i in add.input if i != w.consumer.output[0])
+            w.consumer.output[0] = add.output[0]
+            graph.node.remove(add)
         target = WeightMatMul(w.consumer, w.consumer.input[0], w.dq.input[0], k, n, bias=bias)
         graph.initializer.extend(rewrite_weight_matmul(model, target, bq, WeightOnlyFormat.MATMUL_NBITS))
         for node in (w.dq, w.transpose):
@@ -412,6 +417,22 @@ def dq_weights_to_matmulnbits(model: onnx.ModelProto) -> int:
         graph.initializer.extend(keep)
         ensure_opsets(model, WeightOnlyFormat.MATMUL_NBITS)
     return len(found)
+
+
+def _bias_add(matmul: onnx.NodeProto, n: int, inits: dict[str, onnx.TensorProto],
+              consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> onnx.NodeProto | None:
+    """The Add that is the only reader of `matmul`'s output and adds a float [N] initializer, if there is one."""
+    users = consumers.get(matmul.output[0], [])
+    if len(users) != 1 or matmul.output[0] in outputs:
+        return None
+    add = users[0]
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+        return None
+    other = add.input[1] if add.input[0] == matmul.output[0] else add.input[0]
+    t = inits.get(other)
+    if other == matmul.output[0] or t is None or t.data_type != TensorProto.FLOAT or list(t.dims) != [n]:
+        return None
+    return add
 
 
 def _used_names(graph: onnx.GraphProto) -> set[str]:

@@ -39,6 +39,7 @@ class FoldReport:
     folded: int = 0
     float_bytes: int = 0
     integer_bytes: int = 0
+    reoriented: int = 0  # blocked Linear weights rewritten as W^T [K, N] (axis 0) -> MatMul
 
 
 def _attrs(node: onnx.NodeProto) -> dict[str, object]:
@@ -164,7 +165,89 @@ def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
             del inits[node.input[0]]
     for node in dropped_q:
         graph.node.remove(node)
+    report.reoriented = reorient_blocked_weights(model)
     return report
+
+
+def _transposed(name: str, inits: dict[str, onnx.TensorProto], graph: onnx.GraphProto, taken: set[str]) -> str:
+    """A new initializer holding the 2-D initializer `name` transposed (integer or float)."""
+    t = inits[name]
+    values = numpy_helper.to_array(t)
+    if t.data_type in _FOLDABLE:
+        new = integer_tensor(_fresh(f"{name}_t", taken), np.ascontiguousarray(values.astype(np.int64).T), t.data_type)
+    else:
+        new = numpy_helper.from_array(np.ascontiguousarray(values.T), _fresh(f"{name}_t", taken))
+    graph.initializer.append(new)
+    inits[new.name] = new
+    return new.name
+
+
+def reorient_blocked_weights(model: onnx.ModelProto) -> int:
+    """Blocked integer weights of Linear layers in the form engines match: the exporter's W [N, K] with blocks along
+    axis 1, read through Transpose(perm=[1, 0]) -> MatMul or by Gemm(transB=1), becomes W^T [K, N] with blocks along
+    axis 0 -> MatMul (+ Add for a Gemm bias); the same values, so the same outputs. onnxruntime fuses this
+    DequantizeLinear -> MatMul into its MatMulNBits kernel (the other forms dequantize the whole weight every run).
+    Returns how many weights were rewritten."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    outputs = {o.name for o in graph.output}
+    taken = set(inits) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
+    done = 0
+    for dq in list(graph.node):
+        if dq.op_type != "DequantizeLinear" or dq.domain not in ("", "ai.onnx") or dq.output[0] in outputs:
+            continue
+        attrs = _attrs(dq)
+        q_t = inits.get(dq.input[0])
+        params = [n for n in dq.input[1:] if n]
+        if q_t is None or q_t.data_type not in _FOLDABLE or len(q_t.dims) != 2 or not attrs.get("block_size") \
+                or int(attrs.get("axis", 1)) % 2 != 1 or not all(n in inits for n in params):  # type: ignore[call-overload]
+            continue
+        users = consumers.get(dq.output[0], [])
+        if len(users) != 1:
+            continue
+        user = users[0]
+        if user.op_type == "Transpose" and [list(a.ints) for a in user.attribute if a.name == "perm"] in ([[1, 0]], []):
+            nxt = consumers.get(user.output[0], [])
+            if len(nxt) != 1 or nxt[0].op_type != "MatMul" or list(nxt[0].input[1:]) != [user.output[0]] \
+                    or user.output[0] in outputs:
+                continue
+            nxt[0].input[1] = dq.output[0]
+            graph.node.remove(user)
+        elif user.op_type == "Gemm" and list(user.input[1:2]) == [dq.output[0]]:
+            g = _attrs(user)
+            if not g.get("transB", 0) or g.get("transA", 0) or g.get("alpha", 1.0) != 1.0 or g.get("beta", 1.0) != 1.0:
+                continue
+            index = list(graph.node).index(user)
+            bias = user.input[2] if len(user.input) > 2 else ""
+            out = user.output[0]
+            mm_out = _fresh(f"{out}_matmul", taken) if bias else out
+            new = [helper.make_node("MatMul", [user.input[0], dq.output[0]], [mm_out], name=user.name)]
+            if bias:
+                new.append(helper.make_node("Add", [mm_out, bias], [out], name=_fresh(f"{user.name}_bias", taken)))
+            graph.node.remove(user)
+            for offset, n in enumerate(new):
+                graph.node.insert(index + offset, n)
+        else:
+            continue
+        stale = {dq.output[0], user.output[0]}  # their recorded shapes were [N, K]
+        kept_info = [v for v in graph.value_info if v.name not in stale]
+        del graph.value_info[:]
+        graph.value_info.extend(kept_info)
+        new_inputs = [_transposed(n, inits, graph, taken) if n else "" for n in dq.input]
+        old_inputs = list(dq.input)
+        dq.input[:] = new_inputs
+        kept = [a for a in dq.attribute if a.name != "axis"]
+        del dq.attribute[:]
+        dq.attribute.extend([*kept, helper.make_attribute("axis", 0)])
+        for name in old_inputs:
+            if name and not any(name in n.input for n in graph.node) and name not in outputs and name in inits:
+                graph.initializer.remove(inits.pop(name))
+        done += 1
+    return done
 
 
 def _same_dq(user: onnx.NodeProto, q: onnx.NodeProto, axis: int, block: int) -> bool:
@@ -176,4 +259,5 @@ def _same_dq(user: onnx.NodeProto, q: onnx.NodeProto, axis: int, block: int) -> 
     return int(attrs.get("axis", 1)) == axis and int(attrs.get("block_size", 0)) == block  # type: ignore[call-overload]
 
 
-__all__ = ["FoldReport", "fold_weight_qdq", "integer_tensor", "quantize_linear", "quantize_linear_fp8"]
+__all__ = ["FoldReport", "fold_weight_qdq", "integer_tensor", "quantize_linear", "quantize_linear_fp8",
+           "reorient_blocked_weights"]
