@@ -94,3 +94,18 @@ def test_export_weight_only_format_error_writes_nothing(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="format='gguf': choose one of matmulnbits, dq"):
         export_weight_only(q, torch.randn(2, 32), tmp_path / "m.onnx", format="gguf")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_export_weight_only_int8_activation_kernel(tmp_path: Path) -> None:
+    """accuracy_level 4: onnxruntime's integer MatMulNBits kernel (activations quantized to int8 per block)."""
+    q = nqnn.quantize_model(_mlp(256), nqnn.ModelQuantConfig.w4a16(group_size=32))
+    x = torch.randn(2, 4, 256)
+    path = export_weight_only(q, x, tmp_path / "w4_acc4.onnx", accuracy_level=4)
+    nodes = [n for n in onnx.load(path).graph.node if n.op_type == "MatMulNBits"]
+    assert len(nodes) == 3 and all(a.i == 4 for n in nodes for a in n.attribute if a.name == "accuracy_level")
+    with torch.no_grad():
+        ref = q(x).numpy()
+    err = np.abs(_run(path, x) - ref).max()
+    assert 0 < err < 0.02 * np.abs(ref).max()
+    with pytest.raises(ConfigError, match="accuracy_level=7"):
+        export_weight_only(q, x, tmp_path / "bad.onnx", accuracy_level=7)

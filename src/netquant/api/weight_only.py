@@ -141,16 +141,20 @@ def _quantize_module_weights(module: torch.nn.Module, output: str | os.PathLike[
 def export_weight_only(module: torch.nn.Module, example_inputs: Any, path: str | os.PathLike[str], *,
                        format: str | WeightOnlyFormat = "matmulnbits", opset: int = EXPORT_OPSET,
                        input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-                       dynamic_batch: bool = True, max_error_ratio: float = 0.02) -> Path:
+                       dynamic_batch: bool = True, accuracy_level: int = 0, max_error_ratio: float = 0.02) -> Path:
     """Export a quantized module (netquant.nn; e.g. ModelQuantConfig.w4a16()) with integer weights; returns `path`.
 
     format "dq": `nn.export_onnx`'s file (integer initializers -> DequantizeLinear, blocked for per-group specs).
     format "matmulnbits": its blocked int4 / int8 DQ -> MatMul / Gemm weights rewritten as com.microsoft.MatMulNBits
     (onnxruntime's weight-only kernel; netquant.export.weight_only.dq_weights_to_matmulnbits); other weights stay DQ.
+    `accuracy_level` (MatMulNBits): 0 computes with the dequantized float weights (the module's numbers), 4 quantizes
+    activations to int8 per block (onnxruntime's faster integer kernel, and what it picks when it fuses DQ -> MatMul).
     Validated before it is written: onnxruntime runs the file on `example_inputs` and every output must be within
     `max_error_ratio` x max |output| of the module's fake-quant forward (ExportError otherwise, nothing written).
     """
     fmt = _enum(WeightOnlyFormat, format, "format")
+    if accuracy_level not in (0, 1, 2, 3, 4):
+        raise ConfigError(f"accuracy_level={accuracy_level}: use 0 (float compute) .. 4 (int8 activations)")
     target = Path(path)
     args = _args(example_inputs)
     with atomic_path(target, "ONNX model") as tmp:
@@ -158,7 +162,7 @@ def export_weight_only(module: torch.nn.Module, example_inputs: Any, path: str |
                     dynamic_batch=dynamic_batch)
         if fmt is WeightOnlyFormat.MATMUL_NBITS:
             proto = onnx.load_model(str(tmp))
-            if dq_weights_to_matmulnbits(proto):
+            if dq_weights_to_matmulnbits(proto, accuracy_level):
                 onnx.save_model(proto, str(tmp))
         _check_against_module(tmp, module, args, max_error_ratio, target)
     return target

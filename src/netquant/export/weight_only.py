@@ -5,7 +5,8 @@ MatMulNBits (onnxruntime contrib op): Y = A @ W, W [K, N] given as
     B            uint8 [N, n_blocks, block_size * bits / 8]   (codes of row n, two 4-bit codes a byte, low nibble first)
     scales       float [N * n_blocks]
     zero_points  uint8 [N * ceil(n_blocks * bits / 8)]         (4-bit zero points packed the same way)
-    attributes   K, N, bits, block_size (and accuracy_level 0: float compute of the dequantized weights)
+    attributes   K, N, bits, block_size (and accuracy_level 0: float compute of the dequantized weights; 4: int8
+                 activations quantized per block on the fly, onnxruntime's faster integer kernel)
 Blocked DQ (opset 21): DequantizeLinear(q [K, N] int4|uint4|int8|uint8, scale [n_blocks, N], zp, axis=0,
 block_size) feeding the original MatMul (K padded codes are cut: the DQ input has exactly K rows).
 
@@ -178,7 +179,7 @@ def _int_tensor(name: str, elem: int, values: np.ndarray) -> onnx.TensorProto:
 
 
 def rewrite_weight_matmul(model: onnx.ModelProto, target: WeightMatMul, bq: BlockQuantized,
-                          fmt: WeightOnlyFormat) -> list[onnx.TensorProto]:
+                          fmt: WeightOnlyFormat, accuracy_level: int = 0) -> list[onnx.TensorProto]:
     """Replace `target`'s node by the weight-only form of `bq` (in place); returns the new initializers."""
     graph = model.graph
     node = target.node
@@ -193,7 +194,7 @@ def rewrite_weight_matmul(model: onnx.ModelProto, target: WeightMatMul, bq: Bloc
             inputs.pop()
         new = [helper.make_node("MatMulNBits", inputs, list(node.output), name=node.name or f"{prefix}_MatMulNBits",
                                 domain=MS_DOMAIN, K=target.k, N=target.n, bits=bq.spec.bits,
-                                block_size=bq.spec.block_size, accuracy_level=0)]
+                                block_size=bq.spec.block_size, accuracy_level=accuracy_level)]
     else:
         tensors, names = _blocked_dq_tensors(prefix, bq)
         w = f"{prefix}_dq"
@@ -381,10 +382,11 @@ def _block_quantized(w: _DqWeight) -> BlockQuantized:
                           torch.from_numpy(zp.astype(np.int32)), k, spec)
 
 
-def dq_weights_to_matmulnbits(model: onnx.ModelProto) -> int:
+def dq_weights_to_matmulnbits(model: onnx.ModelProto, accuracy_level: int = 0) -> int:
     """Rewrite, in place, every blocked DequantizeLinear (int4 / uint4 / int8 / uint8 initializer, block 16..,
     blocks along K) feeding one MatMul / Gemm as B (directly or through Transpose(perm=[1, 0])) into a
-    com.microsoft.MatMulNBits; returns how many. Initializers nobody reads any more are dropped."""
+    com.microsoft.MatMulNBits (`accuracy_level`: 0 float compute, 4 int8 activations); returns how many.
+    Initializers nobody reads any more are dropped."""
     graph = model.graph
     inits = _initializer_index(model)
     consumers: dict[str, list[onnx.NodeProto]] = {}
@@ -405,7 +407,8 @@ def dq_weights_to_matmulnbits(model: onnx.ModelProto) -> int:
             w.consumer.output[0] = add.output[0]
             graph.node.remove(add)
         target = WeightMatMul(w.consumer, w.consumer.input[0], w.dq.input[0], k, n, bias=bias)
-        graph.initializer.extend(rewrite_weight_matmul(model, target, bq, WeightOnlyFormat.MATMUL_NBITS))
+        graph.initializer.extend(rewrite_weight_matmul(model, target, bq, WeightOnlyFormat.MATMUL_NBITS,
+                                                      accuracy_level))
         for node in (w.dq, w.transpose):
             if node is not None:
                 graph.node.remove(node)
