@@ -11,6 +11,9 @@ int8 / uint8 / int16 / uint16), read by the same DequantizeLinear nodes. The DQ 
 Q -> DQ pair computes (same float32 division), and a w4 weight takes 1/8 of its float32 bytes. FP8 weights
 (float8e4m3fn / float8e5m2, zero point 0) fold the same way: q = cast_fp8(clamp(w / s, -max, max)), round to nearest
 even, as QuantizeLinear with saturate=1 computes it.
+
+Blocked (per-group) Linear weights are then written in the form engines match (`reorient_blocked_weights`):
+W^T [K, N] blocked along axis 0 -> MatMul, which onnxruntime fuses into its MatMulNBits kernel.
 """
 
 from __future__ import annotations
