@@ -46,7 +46,7 @@ __all__ = [
 ]
 
 
-_API_NAMES = ("quantize_onnx", "quantize_torch", "quantize_weights", "QuantizedModel", "Objective")
+_API_NAMES = ("quantize_onnx", "quantize_torch", "quantize_weights", "export_weight_only", "QuantizedModel", "Objective")
 
 
 def __getattr__(name: str) -> object:

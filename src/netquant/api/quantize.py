@@ -154,7 +154,9 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...).
     Dim 0 of every tensor input is symbolic by default (dynamic_batch: calibration batches and the exported file take
     any batch size, whatever the example's); `dynamic_axes` ({input name: {dim: name}}) picks the symbolic dims
-    instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's."""
+    instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's.
+    Weight-only int4 / int8 (MatMulNBits or blocked DQ files) of a module: netquant.quantize_weights(module, path,
+    example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only."""
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]

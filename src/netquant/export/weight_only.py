@@ -20,6 +20,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +28,7 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from netquant.core.blockwise import BlockQuantized, WeightOnlyFormat, pack_codes
+from netquant.core.blockwise import BlockQuantized, BlockSpec, WeightOnlyFormat, pack_codes
 from netquant.errors import ExportError
 from netquant.graph.weights import EmbeddingGather, ExternalDataReader, WeightMatMul, consumers_of
 
@@ -313,3 +314,152 @@ def model_bytes(path: Path) -> int:
                 seen.add(loc)
                 total += (path.parent / loc).stat().st_size
     return total
+
+
+_DQ_BITS = {TensorProto.INT4: (4, True), TensorProto.UINT4: (4, False), TensorProto.INT8: (8, True),
+            TensorProto.UINT8: (8, False)}
+
+
+@dataclass
+class _DqWeight:
+    """A blocked DequantizeLinear of a constant integer weight feeding one MatMul / Gemm as its B (maybe through a
+    2-D Transpose): the nodes to drop and the weight's [N, K] integer codes, scales and zero points."""
+
+    dq: onnx.NodeProto
+    transpose: onnx.NodeProto | None
+    consumer: onnx.NodeProto
+    q_nk: np.ndarray
+    scale_nk: np.ndarray
+    zero_nk: np.ndarray | None
+    bits: int
+    signed: bool
+    block_size: int
+
+
+def _find_dq_weight(node: onnx.NodeProto, inits: dict[str, onnx.TensorProto],
+                    consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> _DqWeight | None:
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    block = int(attrs.get("block_size", 0))
+    q_t = inits.get(node.input[0])
+    if q_t is None or q_t.data_type not in _DQ_BITS or len(q_t.dims) != 2 or block < 16 or block & (block - 1):
+        return None
+    if len(node.input) < 2 or node.input[1] not in inits or (len(node.input) > 2 and node.input[2]
+                                                              and node.input[2] not in inits):
+        return None
+    axis = int(attrs.get("axis", 1)) % 2
+    users = consumers.get(node.output[0], [])
+    if len(users) != 1 or node.output[0] in outputs:
+        return None
+    user, transpose = users[0], None
+    w_axis_k = 0  # the axis of the B operand that is K
+    if user.op_type == "Transpose":
+        perm = [a.ints for a in user.attribute if a.name == "perm"]
+        nxt = consumers.get(user.output[0], [])
+        if (perm and list(perm[0]) != [1, 0]) or len(nxt) != 1 or user.output[0] in outputs:
+            return None
+        transpose, user, w_axis_k = user, nxt[0], 1
+    if user.domain not in ("", "ai.onnx") or len(user.input) < 2 or user.input[1] != (transpose or node).output[0]:
+        return None
+    if user.op_type == "Gemm":
+        g = {a.name: helper.get_attribute_value(a) for a in user.attribute}
+        if g.get("transA", 0) or g.get("alpha", 1.0) != 1.0 or g.get("beta", 1.0) != 1.0:
+            return None
+        if g.get("transB", 0):
+            w_axis_k = 1 - w_axis_k
+    elif user.op_type != "MatMul":
+        return None
+    if axis != w_axis_k:  # blocks must run along K
+        return None
+    q = numpy_helper.to_array(q_t).astype(np.int32)
+    scale = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
+    zero = numpy_helper.to_array(inits[node.input[2]]).astype(np.int32) if len(node.input) > 2 and node.input[2] \
+        else None
+    if scale.dtype != np.float32 or inits[node.input[1]].data_type != TensorProto.FLOAT:
+        return None
+    if axis == 0:  # stored [K, N]
+        q, scale = q.T, scale.T
+        zero = None if zero is None else zero.T
+    bits, signed = _DQ_BITS[q_t.data_type]
+    return _DqWeight(node, transpose, user, np.ascontiguousarray(q), np.ascontiguousarray(scale),
+                     None if zero is None else np.ascontiguousarray(zero), bits, signed, block)
+
+
+def _block_quantized(w: _DqWeight) -> BlockQuantized:
+    """The DQ weight as MatMulNBits codes: unsigned codes (signed ones shifted by 2^(bits-1)), K padded to whole
+    blocks with each row's last zero point (padding dequantizes to 0)."""
+    n, k = w.q_nk.shape
+    offset = 1 << (w.bits - 1) if w.signed else 0
+    zero = np.zeros_like(w.scale_nk, dtype=np.int32) if w.zero_nk is None else w.zero_nk
+    codes = w.q_nk + offset
+    zp = zero + offset
+    pad = (-k) % w.block_size
+    if pad:
+        codes = np.concatenate([codes, np.repeat(zp[:, -1:], pad, axis=1)], axis=1)
+    symmetric = w.signed and bool((zero == 0).all())
+    spec = BlockSpec(w.bits, w.block_size, symmetric)
+    return BlockQuantized(torch.from_numpy(codes.astype(np.uint8)), torch.from_numpy(w.scale_nk),
+                          torch.from_numpy(zp.astype(np.int32)), k, spec)
+
+
+def dq_weights_to_matmulnbits(model: onnx.ModelProto, accuracy_level: int = 0) -> int:
+    """Rewrite, in place, every blocked DequantizeLinear (int4 / uint4 / int8 / uint8 initializer, block 16..,
+    blocks along K) feeding one MatMul / Gemm as B (directly or through Transpose(perm=[1, 0])) into a
+    com.microsoft.MatMulNBits (`accuracy_level`: 0 float compute, 4 int8 activations); returns how many.
+    Initializers nobody reads any more are dropped."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    consumers = consumers_of(model)
+    outputs = {o.name for o in graph.output}
+    found = [w for node in list(graph.node) if node.op_type == "DequantizeLinear" and node.domain in ("", "ai.onnx")
+             for w in [_find_dq_weight(node, inits, consumers, outputs)] if w is not None]
+    dropped: set[str] = set()
+    for w in found:
+        bq = _block_quantized(w)
+        n, k = w.q_nk.shape
+        bias = w.consumer.input[2] if w.consumer.op_type == "Gemm" and len(w.consumer.input) > 2 else ""
+        add = _bias_add(w.consumer, n, inits, consumers, outputs) if w.consumer.op_type == "MatMul" else None
+        if add is not None:  # MatMul -> Add(bias [N]) becomes MatMulNBits' bias input
+            bias = next(i for i in add.input if i != w.consumer.output[0])
+            w.consumer.output[0] = add.output[0]
+            graph.node.remove(add)
+        target = WeightMatMul(w.consumer, w.consumer.input[0], w.dq.input[0], k, n, bias=bias)
+        graph.initializer.extend(rewrite_weight_matmul(model, target, bq, WeightOnlyFormat.MATMUL_NBITS,
+                                                      accuracy_level))
+        for node in (w.dq, w.transpose):
+            if node is not None:
+                graph.node.remove(node)
+        dropped.update(w.dq.input)
+    if found:
+        used = _used_names(graph) | outputs
+        keep = [t for t in graph.initializer if t.name not in dropped or t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
+        ensure_opsets(model, WeightOnlyFormat.MATMUL_NBITS)
+    return len(found)
+
+
+def _bias_add(matmul: onnx.NodeProto, n: int, inits: dict[str, onnx.TensorProto],
+              consumers: dict[str, list[onnx.NodeProto]], outputs: set[str]) -> onnx.NodeProto | None:
+    """The Add that is the only reader of `matmul`'s output and adds a float [N] initializer, if there is one."""
+    users = consumers.get(matmul.output[0], [])
+    if len(users) != 1 or matmul.output[0] in outputs:
+        return None
+    add = users[0]
+    if add.op_type != "Add" or add.domain not in ("", "ai.onnx") or len(add.input) != 2:
+        return None
+    other = add.input[1] if add.input[0] == matmul.output[0] else add.input[0]
+    t = inits.get(other)
+    if other == matmul.output[0] or t is None or t.data_type != TensorProto.FLOAT or list(t.dims) != [n]:
+        return None
+    return add
+
+
+def _used_names(graph: onnx.GraphProto) -> set[str]:
+    """Every tensor name a node of `graph` or of its subgraphs reads."""
+    used: set[str] = set()
+    for node in graph.node:
+        used.update(node.input)
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                used |= _used_names(sub)
+    return used
