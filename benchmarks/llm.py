@@ -258,18 +258,23 @@ def part_accuracy(workdir: Path, rows: list[str]) -> None:
              f"d {SMALL.dim}, {SMALL.heads} heads / {SMALL.kv_heads} KV heads, SwiGLU {SMALL.hidden}), trained "
              f"{info['steps']} steps x {info['batch']} x {info['seq']} bytes in {info['train_seconds'] / 60:.1f} min "
              f"({info['threads']} threads) on {info['corpus']}; held-out: last 5%, 64 windows of {SEQ} bytes; "
-             "calibration: 32 training windows.", "",
+             "calibration: 32 training windows. Symmetric int4 blocks everywhere; every MatMul (lm_head included) is "
+             "quantized unless a row says otherwise; peers with their defaults.", "",
              "| setting | block | bits/byte | perplexity (per byte) | delta ppl vs FP32 | file MB | quantize s |",
              "|---|---|---|---|---|---|---|",
              f"| FP32 | - | {fp32:.4f} | {2 ** fp32:.4f} | - | {_mb(src)} | - |"]
-    results = {}
-    settings = [(8, 128, "rtn")] + [(4, b, a) for b in (32, 128) for a in ("rtn", "hqq", "awq", "gptq")]
-    for bits, block, algo in settings:
-        out = workdir / f"small_int{bits}_{algo}_b{block}.onnx"
-        r = quantize_weights_onnx(src, out, WeightOnlyConfig(bits, block, True, WeightAlgorithm(algo)), feeds)
+    settings = [(8, 128, "rtn", {})] + [(4, b, a, {}) for b in (32, 128) for a in ("rtn", "hqq", "awq", "gptq")]
+    settings += [(4, b, "gptq", {"embeddings": True}) for b in (32, 128)]
+    settings += [(4, b, "gptq", {"max_loss": 2e-4}) for b in (32, 128)]
+    for bits, block, algo, extra in settings:
+        tag = "".join(f"_{k}" for k in extra)
+        out = workdir / f"small_int{bits}_{algo}_b{block}{tag}.onnx"
+        r = quantize_weights_onnx(src, out, WeightOnlyConfig(bits, block, True, WeightAlgorithm(algo), **extra), feeds)
         bpb = bits_per_byte(out, evals)
-        results[(bits, block, algo)] = bpb
-        rows.append(f"| netquant int{bits} {algo} | {block} | {bpb:.4f} | {2 ** bpb:.4f} | "
+        label = f"netquant int{bits} {algo}" + (" + embeddings" if "embeddings" in extra else "") + (
+            f" + mixed int8 (max_loss {extra['max_loss']}: {r.mixed.int8_layers} of {len(r.layers)} layers int8)"
+            if r.mixed is not None else "")
+        rows.append(f"| {label} | {block} | {bpb:.4f} | {2 ** bpb:.4f} | "
                     f"{2 ** bpb - 2 ** fp32:+.4f} | {_mb(out)} | {r.seconds:.1f} |")
         print(rows[-1], flush=True)
     for block in (32, 128):
