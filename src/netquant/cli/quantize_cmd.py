@@ -184,8 +184,9 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--opset", type=int, default=None, help="Opset of the exported model (default: max(13, model's)).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (dynamic-shape models).")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (dynamic-shape models).")
-@click.option("--mean", default="0,0,0", show_default=True, help="Per-channel mean of pixel/255.")
-@click.option("--std", default="1,1,1", show_default=True, help="Per-channel std of pixel/255.")
+@click.option("--mean", default="0", show_default=True,
+              help="Per-channel mean of pixel/255 (one value: every channel).")
+@click.option("--std", default="1", show_default=True, help="Per-channel std of pixel/255 (one value: every channel).")
 @click.option("--channel-order", type=click.Choice(["rgb", "bgr"], case_sensitive=False), default="rgb",
               show_default=True)
 @click.option("--layout", type=click.Choice(["nchw", "nhwc"], case_sensitive=False), default="nchw",

@@ -73,7 +73,7 @@ def compare_with_litert(qgraph: QuantizedGraph, interp: Any, batches: Sequence[d
     runs: dict[str, dict[str, list[np.ndarray]]] = {n: {"lite": [], "fq": [], "fp": []} for n in output_names}
     for feeds in batches:
         got = run_interpreter(interp, feeds, input_names, channels_last, where)
-        tf = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        tf = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
         with torch.no_grad():
             fq, fp = fq_ex.run(tf), fp_ex.run(tf)
         for name, y in zip(output_names, got):
