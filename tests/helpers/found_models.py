@@ -39,3 +39,42 @@ def scalar_gain_reference(x: np.ndarray, s: np.ndarray, seed: int = 0) -> np.nda
     """scalar_gain's output in numpy."""
     w = np.random.default_rng(seed).standard_normal((8, 4)).astype(np.float32)
     return (x * s) @ w
+
+
+def initializer_inputs_model(seed: int = 0) -> onnx.ModelProto:
+    """x[1,3,8,8] -> Conv(w, b) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(wg, bg) -> y[1,5], IR 8, with every
+    weight also listed among the graph inputs (as torch.onnx.export(..., keep_initializers_as_inputs=True) does)."""
+    rng = np.random.default_rng(seed)
+    arrays = {"w": 0.3 * rng.standard_normal((6, 3, 3, 3)), "b": 0.1 * rng.standard_normal(6),
+              "wg": 0.3 * rng.standard_normal((5, 6)), "bg": 0.1 * rng.standard_normal(5)}
+    inits = [nh.from_array(a.astype(np.float32), k) for k, a in arrays.items()]
+    nodes = [oh.make_node("Conv", ["x", "w", "b"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["c"], ["r"], name="relu"),
+             oh.make_node("GlobalAveragePool", ["r"], ["g"], name="gap"),
+             oh.make_node("Flatten", ["g"], ["f"], name="flatten"),
+             oh.make_node("Gemm", ["f", "wg", "bg"], ["y"], name="fc", transB=1)]
+    inputs = [oh.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, 8])]
+    inputs += [oh.make_tensor_value_info(k, TP.FLOAT, list(a.shape)) for k, a in arrays.items()]
+    return _model(nodes, inputs, [oh.make_tensor_value_info("y", TP.FLOAT, [1, 5])], inits, "initializer_inputs")
+
+
+def untyped_io(case: str, seed: int = 0) -> onnx.ModelProto:
+    """x[1,3,8,8] -> Conv 3x3 (3->4) -> Relu -> y[1,4,8,8], with one declared type left incomplete (onnxruntime runs
+    each): 'output_no_type' (y has no type at all), 'output_no_elem' (a tensor type without element type or shape),
+    'output_no_shape', 'input_no_shape' (x and y: element type only)."""
+    rng = np.random.default_rng(seed)
+    w = nh.from_array((0.3 * rng.standard_normal((4, 3, 3, 3))).astype(np.float32), "w")
+    x = oh.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, 8])
+    y = oh.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8, 8])
+    if case == "output_no_type":
+        y = onnx.ValueInfoProto(name="y")
+    elif case == "output_no_elem":
+        y = onnx.ValueInfoProto(name="y")
+        y.type.tensor_type.SetInParent()
+    elif case == "output_no_shape":
+        y = oh.make_tensor_value_info("y", TP.FLOAT, None)
+    elif case == "input_no_shape":
+        x, y = oh.make_tensor_value_info("x", TP.FLOAT, None), oh.make_tensor_value_info("y", TP.FLOAT, None)
+    nodes = [oh.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, [x], [y], [w], "untyped_io")

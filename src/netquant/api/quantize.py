@@ -55,18 +55,22 @@ def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tu
 
 
 def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+    """The graph to quantize; inputs naming an initializer are plain initializers (constants, as onnxruntime runs them
+    when not fed), so calibration and the exported file agree."""
     if isinstance(model, Graph):
-        return model.copy(), model.name
+        graph = model.copy()
+        graph.initializer_inputs = []
+        return graph, model.name
     if isinstance(model, onnx.ModelProto):
-        return load_onnx(model), model.graph.name
+        return load_onnx(model, overridable_inputs=False), model.graph.name
     if isinstance(model, bytes):
-        graph = load_onnx(model)
+        graph = load_onnx(model, overridable_inputs=False)
         return graph, graph.name
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
             raise ModelError(f"model file '{path}' does not exist")
-        return load_onnx(str(path)), str(path)
+        return load_onnx(str(path), overridable_inputs=False), str(path)
     raise ModelError(f"model must be a path, serialized ONNX bytes, an onnx.ModelProto or a netquant Graph, got "
                      f"{type(model).__name__}")
 

@@ -127,12 +127,16 @@ def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.Mod
     return model, where
 
 
-def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True) -> Graph:
+def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True,
+              overridable_inputs: bool = True) -> Graph:
     """Load an ONNX model (path, bytes or ModelProto) into a Graph.
 
     ModelError on a missing / malformed file, a model without graph, a node reading an undefined value
     (missing initializer) or a cycle.  Shapes and dtypes of intermediate values come from onnx shape
     inference (best effort: a model onnx cannot infer still loads, with fewer known shapes).
+    overridable_inputs: keep graph inputs that name an initializer (IR >= 4, e.g. torch.onnx.export(...,
+    keep_initializers_as_inputs=True)) as inputs a caller may feed (Graph.initializer_inputs, saved back); False:
+    plain initializers, as onnxruntime runs them when they are not fed (quantization: the weights are constants).
     """
     model, where = _read_model(source, load_external_data)
     if not model.HasField("graph"):
@@ -141,6 +145,8 @@ def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_d
     if "" not in opsets and model.ir_version < 3:
         opsets[""] = 1
     graph = graph_from_proto(model.graph, opsets, where=where)
+    if not overridable_inputs:
+        graph.initializer_inputs = []
     info = ModelInfo(ir_version=model.ir_version, producer_name=model.producer_name,
                      producer_version=model.producer_version, domain=model.domain,
                      model_version=model.model_version, doc_string=model.doc_string,
