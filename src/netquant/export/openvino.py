@@ -131,8 +131,12 @@ class OpenVinoRun:
 
 # The child imports only openvino and numpy: it converts (and saves) the model, compiles it on CPU, runs the
 # batches and writes outputs + runtime layer precisions. argv: model, feeds.npz, result folder, [ir.xml]
+# Telemetry off: openvino.convert_model starts openvino_telemetry, which (without a consent file, as OVC asks for no
+# opt-in) sends usage events to Google Analytics over HTTPS and writes ~/intel. Every OVC import of it falls back to
+# OpenVINO's own no-op stub on ImportError, which a None entry in sys.modules gives (as if it were not installed).
 _CHILD = r"""
 import json, sys
+sys.modules["openvino_telemetry"] = None
 import numpy as np
 import openvino as ov
 model_path, feeds_path, result, xml = sys.argv[1], sys.argv[2], sys.argv[3], (sys.argv[4:] or [""])[0]
