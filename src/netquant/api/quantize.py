@@ -105,6 +105,9 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     for an error metric), placement_from;
     see netquant.api.placement).
     """
+    if torch.is_inference_mode_enabled():  # tensors made under inference_mode have no version counter to track
+        with torch.inference_mode(False):
+            return quantize_onnx(model, calib_data, platform, passes=passes, **settings)
     t0 = time.perf_counter()
     path_options = {k: settings.pop(k) for k in PATH_OPTION_KEYS if k in settings}
     s = QuantSettings.from_kwargs(platform, settings)
@@ -158,13 +161,40 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...).
     Dim 0 of every tensor input is symbolic by default (dynamic_batch: calibration batches and the exported file take
     any batch size, whatever the example's); `dynamic_axes` ({input name: {dim: name}}) picks the symbolic dims
-    instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's."""
+    instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's.
+    The caller's module keeps its train / eval modes (it is exported in eval mode)."""
+    _check_float_module(module)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    modes = [(m, m.training) for m in module.modules()]  # the caller's train / eval mode, given back after export
     try:
-        proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
-                              dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
+        with torch.inference_mode(False):  # (under inference_mode the graph's tensors could not be versioned)
+            module.eval()
+            proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
+                                  dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
     except ExportError as err:
         raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
+    finally:
+        for m, training in modes:
+            m.training = training
     return quantize_onnx(proto, calib_data, platform, **settings)
+
+
+def _check_float_module(module: Any) -> None:
+    """ModelError before exporting: not a module, weights on the 'meta' device (no values), or already quantized by
+    netquant.nn (its quantizers would be exported as data-dependent code)."""
+    from netquant.nn.quantizer import TensorQuantizer
+
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"quantize_torch takes a torch.nn.Module, got {type(module).__name__}")
+    what = type(module).__name__
+    for name, t in (*module.named_parameters(), *module.named_buffers()):
+        if t.is_meta:
+            raise ModelError(f"quantize_torch: {what} has tensor '{name}' on the 'meta' device (a shape without "
+                             "values, e.g. built under torch.device('meta')); load its weights first, e.g. "
+                             "module.to_empty(device='cpu') then module.load_state_dict(...)")
+    for name, m in module.named_modules():
+        if isinstance(m, TensorQuantizer):
+            raise ModelError(f"quantize_torch: {what} is already quantized by netquant.nn (quantize_model): "
+                             f"'{name or what}' is a {type(m).__name__}; give quantize_torch the float module, or "
+                             "calibrate this one and write it with netquant.nn.export_onnx(module, example, path)")

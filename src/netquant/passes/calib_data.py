@@ -35,7 +35,7 @@ def describe_shape(v: Value) -> str:
 
 def _to_tensor(x: Any, what: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
-        return x.detach()
+        return x.detach().clone() if x.is_inference() else x.detach()  # (inference tensors: read-only elsewhere)
     if isinstance(x, np.generic):  # a numpy scalar (one sample of a 0-d input)
         x = np.asarray(x)
     if isinstance(x, np.ndarray):
