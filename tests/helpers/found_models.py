@@ -78,3 +78,13 @@ def untyped_io(case: str, seed: int = 0) -> onnx.ModelProto:
     nodes = [oh.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
              oh.make_node("Relu", ["c"], ["y"], name="relu")]
     return _model(nodes, [x], [y], [w], "untyped_io")
+
+
+def bad_constant_reshape() -> onnx.ModelProto:
+    """y = x[4,2] + Reshape(arange(6), [4, 2]): a constant Reshape of 6 values to 8 (invalid whatever the input)."""
+    c = nh.from_array(np.arange(6, dtype=np.float32), "c")
+    shape = nh.from_array(np.array([4, 2], np.int64), "shp")
+    nodes = [oh.make_node("Reshape", ["c", "shp"], ["cr"], name="bad_reshape"),
+             oh.make_node("Add", ["x", "cr"], ["y"], name="add")]
+    return _model(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [4, 2])],
+                  [oh.make_tensor_value_info("y", TP.FLOAT, [4, 2])], [c, shape], "bad_reshape")
