@@ -88,3 +88,13 @@ def bad_constant_reshape() -> onnx.ModelProto:
              oh.make_node("Add", ["x", "cr"], ["y"], name="add")]
     return _model(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [4, 2])],
                   [oh.make_tensor_value_info("y", TP.FLOAT, [4, 2])], [c, shape], "bad_reshape")
+
+
+def wide_conv(seed: int = 0) -> onnx.ModelProto:
+    """x[1,32,8,8] -> Conv 3x3 (32->64) -> Relu -> y[1,64,8,8]: 18k int8 weights, more than a 12 kB disk holds."""
+    rng = np.random.default_rng(seed)
+    w = nh.from_array((rng.standard_normal((64, 32, 3, 3)) / 10).astype(np.float32), "w")
+    nodes = [oh.make_node("Conv", ["x", "w"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+             oh.make_node("Relu", ["c"], ["y"], name="relu")]
+    return _model(nodes, [oh.make_tensor_value_info("x", TP.FLOAT, [1, 32, 8, 8])],
+                  [oh.make_tensor_value_info("y", TP.FLOAT, [1, 64, 8, 8])], [w], "wide_conv")

@@ -78,6 +78,30 @@ def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph)
 _HALF = (torch.float16, torch.bfloat16)
 
 
+_WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "ConvInteger", "MatMulInteger")
+
+
+def _check_weights(graph: Graph, source: str) -> None:
+    """ModelError up front, naming the initializer and its readers: a float initializer holding NaN (no scale
+    quantizes it and it makes NaN outputs; Inf is left alone: masks and Clip bounds hold it on purpose), or an empty
+    weight (no elements) of a Conv / MatMul / Gemm (nothing to calibrate or compute)."""
+    def where(name: str) -> str:
+        named = ", ".join([f"'{n.name}' ({n.op_type})" for n in graph.nodes if name in n.inputs][:3])
+        return f"{source}: initializer '{name}'" + (f" (read by {named})" if named else "")
+
+    for name, t in graph.initializers.items():
+        if t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()):
+            raise ModelError(f"{where(name)} holds {int(torch.isnan(t).sum())} NaN value(s) of {t.numel()}: NaN "
+                             "weights cannot be quantized and make NaN outputs; fix the weights (or re-export the "
+                             "trained model) first")
+    empty = {name for name, t in graph.initializers.items() if t.numel() == 0}
+    for n in graph.nodes:
+        if n.op_type in _WEIGHT_OPS and len(n.inputs) > 1 and n.inputs[1] in empty:
+            t = graph.initializers[n.inputs[1]]
+            raise ModelError(f"{where(n.inputs[1])} is an empty weight (shape {list(t.shape)}): the op has nothing "
+                             "to compute or quantize; remove it from the model (or re-export the model without it)")
+
+
 def _check_float32(graph: Graph, source: str) -> None:
     """UnsupportedOpError up front for a model that computes in float16 / bfloat16."""
     halves = [f"input '{v.name}'" for v in graph.inputs if v.dtype in _HALF]
@@ -113,6 +137,7 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
+    _check_weights(graph, source)
     if isinstance(calib_data, (str, os.PathLike)):  # an image folder, .npy / .npz file(s) or 'random', as the CLI's
         calib_data = load_path_calibration(calib_data, graph_inputs(graph), s.batch_size, **path_options)
     elif path_options:

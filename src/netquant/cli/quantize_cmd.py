@@ -241,6 +241,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
+    from netquant.export.opset import check_opset_request
     from netquant.platforms import Validation, get_platform
 
     console = Console(stderr=True, quiet=quiet)
@@ -254,6 +255,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
                                max_loss, embeddings, accuracy_level)
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    check_opset_request(opset, "--opset")
     kind = ExportKind.for_path(output)
     if kind is ExportKind.TFLITE and (platform.activation.is_float
                                       or (platform.activation.bits, platform.activation.signed) != (8, True)):
