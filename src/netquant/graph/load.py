@@ -119,12 +119,35 @@ def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.Mod
         raise ModelError(f"{where}: not a valid ONNX protobuf, the file is truncated or corrupt ({exc}); "
                          f"re-export or re-download it") from exc
     if load_external_data:
+        _check_external_files(model, path, where)
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise ModelError(f"{where}: cannot read external tensor data next to the model ({exc}); keep the "
                              f".data file(s) in the same folder as the .onnx file") from exc
     return model, where
+
+
+def _check_external_files(model: onnx.ModelProto, path: Path, where: str) -> None:
+    """ModelError naming the tensor and file when an external data file is missing or shorter than a tensor's
+    offset + length says (a truncated copy or download), before onnx reads it."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        file = path.parent / info.location
+        if not file.is_file():
+            raise ModelError(f"{where}: tensor '{t.name}' is stored in '{file}', which does not exist; keep the "
+                             "model's data file(s) in the same folder as the .onnx file, under the names it refers to")
+        size = file.stat().st_size
+        offset = int(info.offset or 0)
+        if offset > size or (info.length is not None and offset + int(info.length) > size):
+            need = offset + int(info.length or 0)
+            raise ModelError(f"{where}: data file '{file}' holds {size} bytes but tensor '{t.name}' needs bytes "
+                             f"{offset}..{need}: the file is truncated (an interrupted copy or download?); copy or "
+                             "download it again")
 
 
 def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True,
