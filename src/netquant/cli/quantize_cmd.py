@@ -77,7 +77,7 @@ def _placement_line(qmodel: QuantizedModel) -> str:
     m = p.measured
     times = (f"; measured here {m['fp32_ms']:.2f} ms FP32 -> {m['placed_ms']:.2f} ms placed "
              f"(all INT8 {m['all_int8_ms']:.2f} ms)") if "placed_ms" in m else ""
-    return (f"{p.objective}: {n8} of {len(p.regions)} regions in INT8"
+    return (f"{p.objective}: {n8} of {len(p.regions)} regions in {qmodel.platform.format_label()}"
             + (f", {wide} in the wider format ({qmodel.platform.wider.label})" if wide and qmodel.platform.wider else "")
             + times
             + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
