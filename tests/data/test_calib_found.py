@@ -126,3 +126,19 @@ def test_cli_grayscale_model_with_an_image_folder_and_scalar_model_with_random_d
     result = run_cli("quantize", tmp_path / "s.onnx", "--calib", "random", "-o", tmp_path / "s_q.onnx", "-q")
     assert result.exit_code == 0, result.output
     assert [i.name for i in onnx.load(tmp_path / "s_q.onnx").graph.input] == ["x", "s"]
+
+
+def test_python_api_image_folder_for_a_grayscale_model(tmp_path: Path) -> None:
+    """quantize_onnx(calib_data=folder) takes the same one-value defaults (and a plain number) as the CLI."""
+    from netquant.data.calib import load_path_calibration
+
+    folder = _gray_images(tmp_path / "imgs", n=4)
+    onnx.save(gray_conv(), tmp_path / "m.onnx")
+    batches = load_path_calibration(folder, model_inputs(tmp_path / "m.onnx"), 16, mean=0.5, std=0.25)
+    with Image.open(folder / "0.png") as im:
+        first = np.asarray(im.convert("L").resize((16, 16), Image.BILINEAR), np.float32) / 255
+    assert len(batches) == 4 and batches[0]["x"].shape == (1, 1, 16, 16)
+    np.testing.assert_allclose(batches[0]["x"][0, 0], (first - 0.5) / 0.25, rtol=0, atol=1e-6)
+    for options in ({}, {"mean": 0.5, "std": 0.25}):  # (the small conv is int8 on LiteRT; onnxruntime keeps it float)
+        qm = quantize_onnx(gray_conv(), str(folder), "tflite_int8", quiet=True, objective=None, **options)
+        assert qm.summary()["quantized_ops"] >= 1

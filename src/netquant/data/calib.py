@@ -398,16 +398,19 @@ def graph_inputs(graph: Any) -> list[ModelInput]:
 
 def load_path_calibration(source: str | Path, inputs: Sequence[ModelInput], batch_size: int, *,
                           height: int | None = None, width: int | None = None,
-                          mean: Sequence[float] = (0.0, 0.0, 0.0), std: Sequence[float] = (1.0, 1.0, 1.0),
+                          mean: Sequence[float] | float = (0.0,), std: Sequence[float] | float = (1.0,),
                           channel_order: ChannelOrder | str = ChannelOrder.RGB, layout: Layout | str = Layout.NCHW,
                           keep_aspect: bool = False, num_calib: int | None = None,
                           seed: int = 0) -> list[dict[str, np.ndarray]]:
     """Calibration batches from an image folder, .npy / .npz file(s) or 'random', with the CLI's options:
-    x = (pixel / 255 - mean) / std, resized to height x width (keep_aspect: to the height, padded right),
+    x = (pixel / 255 - mean) / std (one value per channel, or one for every channel), resized to height x width
+    (keep_aspect: to the height, padded right),
     channel_order 'rgb' | 'bgr', layout 'nchw' | 'nhwc'; at most num_calib samples; seed for 'random'."""
     try:
-        opts = ImageOptions(height=height, width=width, mean=tuple(float(m) for m in mean),
-                            std=tuple(float(v) for v in std), channel_order=ChannelOrder(str(
+        means = (mean,) if isinstance(mean, (int, float)) else mean
+        stds = (std,) if isinstance(std, (int, float)) else std
+        opts = ImageOptions(height=height, width=width, mean=tuple(float(m) for m in means),
+                            std=tuple(float(v) for v in stds), channel_order=ChannelOrder(str(
                                 getattr(channel_order, "value", channel_order)).lower()),
                             layout=Layout(str(getattr(layout, "value", layout)).lower()), keep_aspect_pad=keep_aspect)
     except ValueError as exc:
