@@ -32,7 +32,7 @@ def _interrupts() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        sys.stderr.write("\nnetquant: interrupted (Ctrl-C); no output was written\n")
+        sys.stderr.write("\nnetquant: interrupted (Ctrl-C)\n")
         sys.stderr.flush()
         raise click.exceptions.Exit(INTERRUPTED) from None
 
