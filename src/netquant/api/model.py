@@ -234,8 +234,9 @@ class QuantizedModel:
                    "Speed is not measured for this platform's engine here: a region leaves the platform's format only "
                    "when the accuracy budget needs it, for the platform's wider integer format first where it has one "
                    "(decision 'wider'), else float.")
+            own = self.platform.format_label()
             wider = self.platform.wider is not None
-            text += (f"\n## Placement: {'INT8, wider integer' if wider else 'INT8'} or float per region\n\n" + how
+            text += (f"\n## Placement: {own + ', wider integer' if wider else own} or float per region\n\n" + how
                      + "\n\n" + self.placement.markdown())
         if self.platform.cpu_target is not None:
             text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first "

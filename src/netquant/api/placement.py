@@ -158,6 +158,37 @@ class RegionDecision:
 
 
 WIDER_FIELDS = ("wider_format", "wider_gain", "dynamic_ms")
+DECISIONS = (INT8, WIDER, FLOAT, DYNAMIC)
+
+_OPT_NUMBER, _STR, _OPT_STR = (int, float, type(None)), (str,), (str, type(None))
+_JSON_NAMES = {int: "number", float: "number", str: "string", dict: "object", list: "list", type(None): "null"}
+# the JSON types of each field of a placement file (required fields first: (types, required))
+_PLACEMENT_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "model_sha256": (_STR, True), "platform": (_STR, True), "target": (_STR, True), "host": ((dict,), True),
+    "objective": (_STR, True), "max_loss": (_OPT_NUMBER, True), "loss_metric": (_STR, True),
+    "regions": ((list,), True), "measured": ((dict,), False), "note": (_STR, False), "format": (_STR, True)}
+_REGION_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "anchor": (_STR, True), "op_type": (_STR, True), "ops": ((list,), True), "decision": (_STR, True),
+    "reason": (_STR, True), "int8_ms": (_OPT_NUMBER, False), "fp32_ms": (_OPT_NUMBER, False),
+    "loss_only": (_OPT_NUMBER, False), "loss_all_but": (_OPT_NUMBER, False), "gain": (_OPT_NUMBER, False),
+    "wider_format": (_OPT_STR, False), "wider_gain": (_OPT_NUMBER, False), "dynamic_ms": (_OPT_NUMBER, False)}
+
+
+def _check_fields(data: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]], where: str) -> None:
+    """ConfigError naming `where` and the field when a required field is missing or a field has the wrong JSON type
+    (a bool is no number)."""
+    missing = [k for k, (_, required) in spec.items() if required and k not in data]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; write the file again with --placement "
+                          "(QuantizedModel.save_placement)")
+    for key, value in data.items():
+        if key not in spec:
+            continue  # unknown fields: reported by the dataclass below
+        types = spec[key][0]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
+            raise ConfigError(f"{where}: field '{key}' must be a {names}, got {json.dumps(value)[:60]}; fix the file or "
+                              "write it again with --placement")
 ROW_HEADER = ["region (anchor op)", "type", "runs in", "why", "FP32 ms", "INT8 ms", "loss if only it is int8",
               "loss saved if float"]
 WIDER_HEADER = "loss saved if only it is wider"
@@ -207,6 +238,18 @@ class Placement:
             raise ConfigError(f"cannot read placement file '{path}': {exc}") from exc
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"'{path}' is not a netquant placement file (format '{FORMAT}' expected)")
+        _check_fields(data, _PLACEMENT_FIELDS, f"placement file '{path}'")
+        if not isinstance(data["regions"], list):
+            raise ConfigError(f"placement file '{path}': 'regions' must be a list of region decisions, got "
+                              f"{type(data['regions']).__name__}; write the file again with --placement")
+        for i, r in enumerate(data["regions"]):
+            where = f"placement file '{path}', region {i}"
+            if not isinstance(r, dict):
+                raise ConfigError(f"{where}: a region decision must be a JSON object, got {type(r).__name__}")
+            _check_fields(r, _REGION_FIELDS, where)
+            if r["decision"] not in DECISIONS:
+                raise ConfigError(f"{where} ('{r['anchor']}'): decision {r['decision']!r} is not one of "
+                                  f"{', '.join(DECISIONS)} (lower case); fix the file or measure again")
         try:
             regions = [RegionDecision(**r) for r in data.pop("regions")]
             return cls(regions=regions, **data)
@@ -353,6 +396,11 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
     if placement.platform != qgraph.platform.name:
         raise ConfigError(f"placement file '{path}' is for platform '{placement.platform}', not "
                           f"'{qgraph.platform.name}'")
+    target = str(qgraph.platform.cpu_target)
+    if placement.target != target:
+        raise ConfigError(f"placement file '{path}' was measured for CPU target '{placement.target}', this run's target "
+                          f"is '{target}' (--target): int8 speed and weights differ between targets; give --target "
+                          f"{placement.target} or measure again (drop --placement-from)")
     regions = {r.anchor: r for r in find_regions(qgraph)}
     missing = [a for a in placement.float_anchors() + placement.wider_anchors() + placement.dynamic_anchors()
                if a not in regions]

@@ -55,23 +55,51 @@ def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tu
 
 
 def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+    """The graph to quantize; inputs naming an initializer are plain initializers (constants, as onnxruntime runs them
+    when not fed), so calibration and the exported file agree."""
     if isinstance(model, Graph):
-        return model.copy(), model.name
+        graph = model.copy()
+        graph.initializer_inputs = []
+        return graph, model.name
     if isinstance(model, onnx.ModelProto):
-        return load_onnx(model), model.graph.name
+        return load_onnx(model, overridable_inputs=False), model.graph.name
     if isinstance(model, bytes):
-        graph = load_onnx(model)
+        graph = load_onnx(model, overridable_inputs=False)
         return graph, graph.name
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
             raise ModelError(f"model file '{path}' does not exist")
-        return load_onnx(str(path)), str(path)
+        return load_onnx(str(path), overridable_inputs=False), str(path)
     raise ModelError(f"model must be a path, serialized ONNX bytes, an onnx.ModelProto or a netquant Graph, got "
                      f"{type(model).__name__}")
 
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+_WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "ConvInteger", "MatMulInteger")
+
+
+def _check_weights(graph: Graph, source: str) -> None:
+    """ModelError up front, naming the initializer and its readers: a float initializer holding NaN (no scale
+    quantizes it and it makes NaN outputs; Inf is left alone: masks and Clip bounds hold it on purpose), or an empty
+    weight (no elements) of a Conv / MatMul / Gemm (nothing to calibrate or compute)."""
+    def where(name: str) -> str:
+        named = ", ".join([f"'{n.name}' ({n.op_type})" for n in graph.nodes if name in n.inputs][:3])
+        return f"{source}: initializer '{name}'" + (f" (read by {named})" if named else "")
+
+    for name, t in graph.initializers.items():
+        if t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()):
+            raise ModelError(f"{where(name)} holds {int(torch.isnan(t).sum())} NaN value(s) of {t.numel()}: NaN "
+                             "weights cannot be quantized and make NaN outputs; fix the weights (or re-export the "
+                             "trained model) first")
+    empty = {name for name, t in graph.initializers.items() if t.numel() == 0}
+    for n in graph.nodes:
+        if n.op_type in _WEIGHT_OPS and len(n.inputs) > 1 and n.inputs[1] in empty:
+            t = graph.initializers[n.inputs[1]]
+            raise ModelError(f"{where(n.inputs[1])} is an empty weight (shape {list(t.shape)}): the op has nothing "
+                             "to compute or quantize; remove it from the model (or re-export the model without it)")
 
 
 def _check_float32(graph: Graph, source: str) -> None:
@@ -101,11 +129,15 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     for an error metric), placement_from;
     see netquant.api.placement).
     """
+    if torch.is_inference_mode_enabled():  # tensors made under inference_mode have no version counter to track
+        with torch.inference_mode(False):
+            return quantize_onnx(model, calib_data, platform, passes=passes, **settings)
     t0 = time.perf_counter()
     path_options = {k: settings.pop(k) for k in PATH_OPTION_KEYS if k in settings}
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
+    _check_weights(graph, source)
     if isinstance(calib_data, (str, os.PathLike)):  # an image folder, .npy / .npz file(s) or 'random', as the CLI's
         calib_data = load_path_calibration(calib_data, graph_inputs(graph), s.batch_size, **path_options)
     elif path_options:
@@ -156,13 +188,40 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     any batch size, whatever the example's); `dynamic_axes` ({input name: {dim: name}}) picks the symbolic dims
     instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's.
     Weight-only int4 / int8 (MatMulNBits or blocked DQ files) of a module: netquant.quantize_weights(module, path,
-    example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only."""
+    example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only.
+    The caller's module keeps its train / eval modes (it is exported in eval mode)."""
+    _check_float_module(module)
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    modes = [(m, m.training) for m in module.modules()]  # the caller's train / eval mode, given back after export
     try:
-        proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
-                              dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
+        with torch.inference_mode(False):  # (under inference_mode the graph's tensors could not be versioned)
+            module.eval()
+            proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
+                                  dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
     except ExportError as err:
         raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
+    finally:
+        for m, training in modes:
+            m.training = training
     return quantize_onnx(proto, calib_data, platform, **settings)
+
+
+def _check_float_module(module: Any) -> None:
+    """ModelError before exporting: not a module, weights on the 'meta' device (no values), or already quantized by
+    netquant.nn (its quantizers would be exported as data-dependent code)."""
+    from netquant.nn.quantizer import TensorQuantizer
+
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"quantize_torch takes a torch.nn.Module, got {type(module).__name__}")
+    what = type(module).__name__
+    for name, t in (*module.named_parameters(), *module.named_buffers()):
+        if t.is_meta:
+            raise ModelError(f"quantize_torch: {what} has tensor '{name}' on the 'meta' device (a shape without "
+                             "values, e.g. built under torch.device('meta')); load its weights first, e.g. "
+                             "module.to_empty(device='cpu') then module.load_state_dict(...)")
+    for name, m in module.named_modules():
+        if isinstance(m, TensorQuantizer):
+            raise ModelError(f"quantize_torch: {what} is already quantized by netquant.nn (quantize_model): "
+                             f"'{name or what}' is a {type(m).__name__}; give quantize_torch the float module, or "
+                             "calibrate this one and write it with netquant.nn.export_onnx(module, example, path)")

@@ -79,11 +79,29 @@ def _fetch_wheel(wheels: Path) -> Path:
     return final
 
 
+def _dir_mode() -> int:
+    """0o777 minus the process umask: the mode mkdir gives a new folder (mkdtemp's is 0o700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
+def _check_readable(folder: Path) -> None:
+    """ConfigError naming `folder` and NETQUANT_CACHE when it exists but this user cannot read it (a shared cache
+    another user filled)."""
+    if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):
+        raise ConfigError(f"the model cache folder '{folder}' exists but this user cannot read it (made by another "
+                          "user?); set NETQUANT_CACHE to a folder of your own, or have its owner run "
+                          f"chmod -R a+rX '{folder}'")
+
+
 def _rapidocr_dir() -> Path:
-    """Folder with the wheel's .onnx models, extracted once (atomic rename, safe across processes)."""
+    """Folder with the wheel's .onnx models, extracted once (atomic rename, safe across processes), readable by every
+    user the umask allows (a shared NETQUANT_CACHE)."""
     target = cache_dir() / "rapidocr-1.4.4"
     if (target / PPOCR_MODELS["rec"]).exists():
         return target
+    _check_readable(target)
     wheel = _fetch_wheel(_make_dir(cache_dir()) / "wheels")
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="rapidocr-"))
     try:
@@ -92,11 +110,15 @@ def _rapidocr_dir() -> Path:
                 base = name.rsplit("/", 1)[-1]
                 if base.endswith((".onnx", ".txt", ".yaml")):
                     (tmp / base).write_bytes(zf.read(name))
+        os.chmod(tmp, _dir_mode())
         try:
             os.rename(tmp, target)
-        except OSError:  # another process finished first
+        except OSError as exc:  # another process finished first, or a folder this user cannot use is in the way
             if not (target / PPOCR_MODELS["rec"]).exists():
-                raise
+                _check_readable(target)
+                raise ConfigError(f"cannot put the PP-OCR models into the model cache folder '{target}' "
+                                  f"({exc.strerror or exc}); remove it or set NETQUANT_CACHE to a writable "
+                                  "folder") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target

@@ -77,7 +77,7 @@ def _placement_line(qmodel: QuantizedModel) -> str:
     m = p.measured
     times = (f"; measured here {m['fp32_ms']:.2f} ms FP32 -> {m['placed_ms']:.2f} ms placed "
              f"(all INT8 {m['all_int8_ms']:.2f} ms)") if "placed_ms" in m else ""
-    return (f"{p.objective}: {n8} of {len(p.regions)} regions in INT8"
+    return (f"{p.objective}: {n8} of {len(p.regions)} regions in {qmodel.platform.format_label()}"
             + (f", {wide} in the wider format ({qmodel.platform.wider.label})" if wide and qmodel.platform.wider else "")
             + times
             + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
@@ -184,8 +184,9 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--opset", type=int, default=None, help="Opset of the exported model (default: max(13, model's)).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (dynamic-shape models).")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (dynamic-shape models).")
-@click.option("--mean", default="0,0,0", show_default=True, help="Per-channel mean of pixel/255.")
-@click.option("--std", default="1,1,1", show_default=True, help="Per-channel std of pixel/255.")
+@click.option("--mean", default="0", show_default=True,
+              help="Per-channel mean of pixel/255 (one value: every channel).")
+@click.option("--std", default="1", show_default=True, help="Per-channel std of pixel/255 (one value: every channel).")
 @click.option("--channel-order", type=click.Choice(["rgb", "bgr"], case_sensitive=False), default="rgb",
               show_default=True)
 @click.option("--layout", type=click.Choice(["nchw", "nhwc"], case_sensitive=False), default="nchw",
@@ -240,6 +241,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
+    from netquant.export.opset import check_opset_request
     from netquant.platforms import Validation, get_platform
 
     console = Console(stderr=True, quiet=quiet)
@@ -253,6 +255,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
                                max_loss, embeddings, accuracy_level)
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    check_opset_request(opset, "--opset")
     kind = ExportKind.for_path(output)
     if kind is ExportKind.TFLITE and (platform.activation.is_float
                                       or (platform.activation.bits, platform.activation.signed) != (8, True)):

@@ -19,6 +19,7 @@ from netquant.errors import ExportError
 from netquant.export.dynamic import make_dynamic
 from netquant.export.opset import (
     ai_onnx_opset,
+    check_opset_request,
     check_same_outputs,
     lower_ir_version,
     model_bytes,
@@ -247,6 +248,7 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None, feeds: dict
 
 def _build(qgraph: QuantizedGraph, opset: int | None,
            feeds: dict[str, Any] | None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
+    check_opset_request(opset)
     check_deployable(qgraph)
     need = required_opset(qgraph)
     if opset is not None and opset < need:

@@ -15,6 +15,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -143,12 +144,26 @@ def torch_to_onnx(model: nn.Module, args: tuple[Any, ...], *, opset: int = EXPOR
         proto = program.model_proto
         onnx.checker.check_model(proto)
     except Exception as exc:  # torch.onnx raises many kinds; report them as one
-        raise ExportError(f"{what}: torch.onnx could not export {type(model).__name__}: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise ExportError(f"{what}: torch.onnx could not export {type(model).__name__}: {_root_cause(exc)}") from exc
     produced = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if produced != opset:
         raise ExportError(f"{what}: asked for opset {opset} but torch.onnx produced opset {produced}")
     return proto
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _root_cause(exc: BaseException) -> str:
+    """'Type: first line' of the innermost exception torch.onnx chained (the wrappers only say which of its steps
+    failed), without terminal colour codes, at most 300 characters."""
+    seen: set[int] = set()
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__
+    text = _ANSI.sub("", str(exc)).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}"
 
 
 def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], path: str | os.PathLike[str], *,

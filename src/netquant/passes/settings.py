@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -139,8 +140,16 @@ class QuantSettings:
             self.weight_scheme = WeightScheme.parse(self.weight_scheme)
         if self.objective is not None:
             self.objective = Objective.parse(self.objective)
-        if self.max_loss is not None and (not isinstance(self.max_loss, (int, float)) or self.max_loss < 0):
-            raise ConfigError(f"max_loss must be None or a number >= 0, got {self.max_loss!r}")
+        if self.max_loss is not None and (not isinstance(self.max_loss, (int, float)) or isinstance(self.max_loss, bool)
+                                          or not math.isfinite(self.max_loss) or self.max_loss < 0):
+            raise ConfigError(f"max_loss (--max-loss) must be None or a finite number >= 0 (1 - output cosine vs "
+                              f"FP32, e.g. 0.02), got {self.max_loss!r}")
+        if self.objective is None and self.placement_from is None and \
+                (self.max_loss is not None or self.metric is not None):
+            what = "max_loss (--max-loss)" if self.max_loss is not None else "metric / eval_data"
+            raise ConfigError(f"{what} is the accuracy budget of automatic placement, but objective is None "
+                              "(--objective none: the platform's rules only, nothing is measured, so the budget would "
+                              "be ignored); choose an objective (latency, balanced, accuracy) or drop " + what)
         if self.metric is not None and not callable(self.metric):
             raise ConfigError(f"metric must be a callable metric(outputs, target) -> float, got {self.metric!r}")
         if not isinstance(self.higher_is_better, bool):

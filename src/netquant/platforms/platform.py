@@ -375,6 +375,15 @@ class Platform:
             return spec.with_(axis=in_axis)
         return spec.with_(axis=axis)
 
+    def format_label(self) -> str:
+        """How summaries name the platform's own quantized format: 'INT8' for int8 weights and activations, else
+        e.g. 'int4 (W4A4)', 'fp8 (W8A8)', 'W4A8'."""
+        w, a = self.weight, self.activation
+        kind = "fp" if w.is_float else "int"
+        if w.bits == a.bits and w.is_float == a.is_float:
+            return "INT8" if (kind, w.bits) == ("int", 8) else f"{kind}{w.bits} (W{w.bits}A{a.bits})"
+        return f"W{w.bits}A{a.bits}"
+
     def scheme(self) -> str:
         """One line describing the scheme (for `netquant platforms`)."""
         bias = self.bias.describe() if self.bias is not None else "float"
