@@ -27,6 +27,7 @@ from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
+from netquant.platforms.threads import thread_scope
 
 if TYPE_CHECKING:
     from netquant.api.placement import Placement
@@ -42,6 +43,7 @@ class QuantizedModel:
         self.timings = dict(timings or {})
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
+        self.threads: int | None = None  # intra-op threads quantization ran with (platforms.threads); export reuses it
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -186,7 +188,8 @@ class QuantizedModel:
         planned = [("export path", path, f"{fmt.value} file")]
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        return writer(fmt)(self.qgraph, path, **kwargs)
+        with thread_scope(self.threads):  # validation in the engine: the threads quantization chose
+            return writer(fmt)(self.qgraph, path, **kwargs)
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "

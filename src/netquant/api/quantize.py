@@ -24,6 +24,7 @@ from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
 from netquant.platforms import Platform
 from netquant.platforms.platform import Validation
+from netquant.platforms.threads import thread_scope
 
 DEFAULT_PLATFORM = "onnxruntime_int8"
 
@@ -85,7 +86,7 @@ def _check_float32(graph: Graph, source: str) -> None:
 
 def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
                   platform: str | Platform = DEFAULT_PLATFORM, *, passes: Sequence[PassBase] = (),
-                  **settings: Any) -> QuantizedModel:
+                  threads: int | str | None = None, **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
 
     passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
@@ -94,7 +95,18 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
     see netquant.api.placement).
+    threads: torch's intra-op threads (and onnxruntime's, in the sessions netquant creates) during the run: a count,
+    or None / 'auto' for platforms.threads' policy (the CPUs this process may use less those other work keeps
+    busy; OMP_NUM_THREADS set: kept). The caller's torch.get_num_threads() is restored after.
     """
+    with thread_scope(threads) as n:
+        qmodel = _quantize_onnx(model, calib_data, platform, passes, settings)
+    qmodel.threads = n
+    return qmodel
+
+
+def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
+                   platform: str | Platform, passes: Sequence[PassBase], settings: dict[str, Any]) -> QuantizedModel:
     t0 = time.perf_counter()
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
@@ -130,11 +142,22 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
                    platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = EXPORT_OPSET,
                    input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-                   dynamic_axes: dict[str, dict[int, str]] | None = None, **settings: Any) -> QuantizedModel:
+                   dynamic_axes: dict[str, dict[int, str]] | None = None, threads: int | str | None = None,
+                   **settings: Any) -> QuantizedModel:
     """Export `module` (in eval mode) to ONNX with netquant's one torch -> ONNX path
     (netquant.nn.export.torch_to_onnx: torch.onnx's torch.export-based exporter, opset EXPORT_OPSET = 21,
     at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...);
-    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names."""
+    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names; `threads` as in
+    quantize_onnx (the export runs under it too)."""
+    with thread_scope(threads) as n:
+        return _quantize_torch(module, example_inputs, calib_data, platform, opset, input_names, output_names,
+                               dynamic_axes, n, settings)
+
+
+def _quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any, platform: str | Platform,
+                    opset: int, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
+                    dynamic_axes: dict[str, dict[int, str]] | None, threads: int,
+                    settings: dict[str, Any]) -> QuantizedModel:
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
@@ -143,4 +166,4 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
                               dynamic_axes=dynamic_axes, what="quantize_torch")
     except ExportError as err:
         raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
-    return quantize_onnx(proto, calib_data, platform, **settings)
+    return quantize_onnx(proto, calib_data, platform, threads=threads, **settings)

@@ -129,6 +129,7 @@ class RunFacts:
     engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
     placement: str = ""
     extra_files: list[Path] = field(default_factory=list)
+    threads: int | None = None  # torch / onnxruntime intra-op threads of the run (platforms.threads)
 
 
 def host_target() -> str:
@@ -169,7 +170,8 @@ def summary_table(f: RunFacts) -> Table:
                                                           "was checked in the Q/DQ reference semantics only"
                                                           if f.reference_only else ""))
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
-    t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
+    t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items())
+              + (f" ({f.threads} intra-op thread{'s' if f.threads != 1 else ''})" if f.threads else ""))
     for p in f.extra_files:
         t.add_row("also wrote", str(p))
     return t
@@ -227,15 +229,22 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write the placement file (JSON: per-region decisions with their measurements).")
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
+@click.option("--threads", default="auto", show_default=True,
+              help="Intra-op threads of torch and onnxruntime during the run: a count, or 'auto' (the CPUs this "
+                   "process may use less those busy with other work; OMP_NUM_THREADS set: kept).")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
              keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None, objective: str,
-             max_loss: float | None, placement_path: Path | None, placement_from: Path | None) -> None:
+             max_loss: float | None, placement_path: Path | None, placement_from: Path | None, threads: str) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
+    from netquant.platforms.threads import thread_scope
+
+    # torch's threads for the whole command (quantization and export validation), restored when it ends
+    n_threads = click.get_current_context().with_resource(thread_scope(threads))
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
     from netquant.platforms import Validation, get_platform
@@ -295,7 +304,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     if placement_from is not None:
         settings["placement_from"] = str(placement_from)
     batches = split_batches(data, inputs, batch_size)
-    qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform, **settings)
+    qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform,
+                                        threads=n_threads, **settings)
     for w in messages:
         warn(console, w)
     t_quant = time.perf_counter()
@@ -337,7 +347,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
             + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
-        extra_files=extra, placement=_placement_line(qmodel))
+        extra_files=extra, placement=_placement_line(qmodel), threads=n_threads)
     for w in report.warnings:
         warn(console, w)
     if not quiet:
