@@ -63,6 +63,9 @@ class QuantSettings:
     placement_from: a placement file (JSON, QuantizedModel.save_placement) to re-apply instead of measuring.
     placement_time_s: cap on placement's profiling and sensitivity seconds (None: as long as quantization took
         before it, at least 5 s).
+    calib_stack_mb: batched calibration (passes.calib_stack): equal-shape calibration batches run stacked, as many
+        samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
+        unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
     """
 
     platform: Platform
@@ -92,6 +95,7 @@ class QuantSettings:
     eval_data: Any = None
     placement_from: str | os.PathLike[str] | None = None
     placement_time_s: float | None = None
+    calib_stack_mb: float = 256.0
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
@@ -131,6 +135,8 @@ class QuantSettings:
                               "eval_data, an iterable of (inputs, target) pairs")
         if self.placement_time_s is not None and self.placement_time_s < 0:
             raise ConfigError(f"placement_time_s must be None or >= 0, got {self.placement_time_s!r}")
+        if not isinstance(self.calib_stack_mb, (int, float)) or self.calib_stack_mb < 0:
+            raise ConfigError(f"calib_stack_mb must be a number >= 0 (0: no stacking), got {self.calib_stack_mb!r}")
         if self.max_calib_batches is not None and self.max_calib_batches < 1:
             raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
         from netquant.passes.observers import observer_names
