@@ -44,6 +44,7 @@ class QuantizedModel:
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
         self.threads: int | None = None  # intra-op threads quantization ran with (platforms.threads); export reuses it
+        self.rank = 0  # torch.distributed rank of a distributed=True run (only rank 0 writes files)
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -178,7 +179,10 @@ class QuantizedModel:
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
         TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
-        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
+        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
+        On ranks other than 0 of a distributed run nothing is written (None is returned)."""
+        if self.rank != 0:
+            return None
         try:
             fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
         except ValueError:

@@ -19,6 +19,7 @@ from netquant.errors import ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
+from netquant.passes.distributed import current_shard
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
@@ -95,6 +96,9 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
     see netquant.api.placement).
+    distributed=True (under torchrun, or with a torch.distributed group): every rank passes the same calib_data and
+    calibrates its share; observers merge exactly (scales bit-identical to one process); rank 0 places, and only
+    its QuantizedModel.export writes files (QuantizedModel.rank).
     threads: torch's intra-op threads (and onnxruntime's, in the sessions netquant creates) during the run: a count,
     or None / 'auto' for platforms.threads' policy (the CPUs this process may use less those other work keeps
     busy; OMP_NUM_THREADS set: kept). The caller's torch.get_num_threads() is restored after.
@@ -109,6 +113,9 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
                    platform: str | Platform, passes: Sequence[PassBase], settings: dict[str, Any]) -> QuantizedModel:
     t0 = time.perf_counter()
     s = QuantSettings.from_kwargs(platform, settings)
+    rank = current_shard().rank if s.distributed else 0
+    if rank != 0:  # rank 0 places and writes; the others only calibrate their share
+        s = dataclasses.replace(s, objective=None, placement_from=None)
     graph, source = _load(model)
     _check_float32(graph, source)
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
@@ -123,7 +130,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     wide = None
     if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
         wide_settings = dataclasses.replace(s, platform=s.platform.widened(), objective=None, placement_from=None,
-                                            quiet=True)
+                                            quiet=True, distributed=False)  # rank 0 alone
 
         def wide() -> QuantizedGraph:
             twin = twin_graph if twin_graph is not None else _load(model)[0]
@@ -136,7 +143,9 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    return QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qmodel.rank = rank
+    return qmodel
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -229,6 +231,9 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write the placement file (JSON: per-region decisions with their measurements).")
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Calibrate in this many local processes (torch.distributed, gloo); rank 0 writes the files. "
+                   "Under torchrun the ranks are torchrun's.")
 @click.option("--threads", default="auto", show_default=True,
               help="Intra-op threads of torch and onnxruntime during the run: a count, or 'auto' (the CPUs this "
                    "process may use less those busy with other work; OMP_NUM_THREADS set: kept).")
@@ -238,13 +243,19 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
              keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None, objective: str,
-             max_loss: float | None, placement_path: Path | None, placement_from: Path | None, threads: str) -> None:
+             max_loss: float | None, placement_path: Path | None, placement_from: Path | None, threads: str,
+             nproc: int) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
+    from netquant.cli.distributed import local_group, torchrun_rank
     from netquant.platforms.threads import thread_scope
 
+    click_ctx = click.get_current_context()
+    if nproc > 1 and "LOCAL_WORLD_SIZE" not in os.environ:  # --threads auto shares the CPUs among the processes
+        os.environ["LOCAL_WORLD_SIZE"] = str(nproc)
+        click_ctx.call_on_close(lambda: os.environ.pop("LOCAL_WORLD_SIZE", None))
     # torch's threads for the whole command (quantization and export validation), restored when it ends
-    n_threads = click.get_current_context().with_resource(thread_scope(threads))
+    n_threads = click_ctx.with_resource(thread_scope(threads))
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
     from netquant.platforms import Validation, get_platform
@@ -304,8 +315,15 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     if placement_from is not None:
         settings["placement_from"] = str(placement_from)
     batches = split_batches(data, inputs, batch_size)
-    qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform,
-                                        threads=n_threads, **settings)
+    rank = torchrun_rank()
+    if rank is not None or nproc > 1:
+        settings["distributed"] = True
+    with local_group(nproc, str(model), batches, {**settings, "platform": platform.name}) if nproc > 1 and \
+            rank is None else contextlib.nullcontext():
+        qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform,
+                                            threads=n_threads, **settings)
+    if rank:  # torchrun's other ranks: calibrated their share, rank 0 writes
+        return
     for w in messages:
         warn(console, w)
     t_quant = time.perf_counter()

@@ -32,6 +32,12 @@ from netquant.passes.calib_stack import (
     stack_blocker,
     stack_size,
 )
+from netquant.passes.distributed import (
+    broadcast_from_rank0,
+    check_mergeable,
+    current_shard,
+    merge_across_ranks,
+)
 from netquant.passes.flat_ranges import FlatRanges
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
@@ -176,13 +182,21 @@ class CalibrationPass(PassBase):
                 stats.executor_runs += 1
                 pending.clear()
 
+        shard = current_shard() if ctx.settings.distributed else None  # passes.distributed
+        if shard is not None:
+            check_mergeable([o for _, o in observed])
+            keep_outputs = keep_outputs and shard.rank == 0
+        first_batches = first_samples = 0
         with torch.no_grad():
-            for batch in ctx.track(data, "calibrating", total=data.num_batches):
+            for index, batch in enumerate(ctx.track(data, "calibrating", total=data.num_batches)):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
-                if len(qgraph.validation_batches) < VALIDATION_BATCHES and \
-                        sum(map(samples_in, qgraph.validation_batches)) < VALIDATION_SAMPLES:
+                if first_batches < VALIDATION_BATCHES and first_samples < VALIDATION_SAMPLES:
+                    first_batches += 1
+                    first_samples += samples_in(batch)
                     qgraph.validation_batches.append(batch)
+                    if shard is not None and shard.rank != 0:
+                        continue  # rank 0 observes the first batches, as one process would
                     outputs = ex.run(batch)
                     stats.executor_runs += 1
                     if keep_outputs:  # export validation's FP32 reference, not computed again there
@@ -192,12 +206,16 @@ class CalibrationPass(PassBase):
                     continue
                 if not decided:
                     decided = True
-                    if blocker is None:
+                    if blocker is None and (shard is None or shard.rank == 0):
                         feeding = False
                         limit, blocker = self._check_stacking(ex, first_runs, probe, probing, budget, stats)
                         feeding = True
+                    if shard is not None:  # the other ranks stack as rank 0 found it may
+                        limit, blocker = broadcast_from_rank0((limit, blocker))
                     probing.clear()
                     first_runs.clear()
+                if shard is not None and not shard.owns(index, first_batches):
+                    continue
                 if limit <= 1:
                     ex.run(batch)
                     stats.executor_runs += 1
@@ -209,6 +227,8 @@ class CalibrationPass(PassBase):
                 if sum(map(samples_in, pending)) >= limit:
                     flush()
             flush()
+        if shard is not None:
+            merge_across_ranks([o for _, o in observed])
         if not decided and blocker is None:
             blocker = "every calibration batch was one of the first, run one by one for export validation"
         stats.stack_samples = limit

@@ -66,6 +66,9 @@ class QuantSettings:
     calib_stack_mb: batched calibration (passes.calib_stack): equal-shape calibration batches run stacked, as many
         samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
         unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
+    distributed: calibration sharded over the torch.distributed group (passes.distributed; torchrun's variables
+        create a gloo group when none exists): every rank passes the same data, runs its share, and the observers are
+        merged exactly (order-invariant observers only). Rank 0 places and writes; the other ranks skip placement.
     """
 
     platform: Platform
@@ -96,6 +99,7 @@ class QuantSettings:
     placement_from: str | os.PathLike[str] | None = None
     placement_time_s: float | None = None
     calib_stack_mb: float = 256.0
+    distributed: bool = False
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:

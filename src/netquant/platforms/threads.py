@@ -11,7 +11,8 @@ fork-join waits for its slowest thread, so a [1,64,384] x [384,1152] matmul took
               thread, scaled by usable / online CPUs when the process may use only part of the machine
     threads = max(1, usable - ceil(busy - BUSY_SLACK))
 
-so a CPU counts as free while others keep it busy less than BUSY_SLACK (a quarter) of the time. An explicit count
+so a CPU counts as free while others keep it busy less than BUSY_SLACK (a quarter) of the time; under torchrun each of
+the LOCAL_WORLD_SIZE processes on the machine takes at most usable // LOCAL_WORLD_SIZE. An explicit count
 (`threads=`, `--threads`) wins; with OMP_NUM_THREADS set, torch's current setting is kept (the user chose it).
 `thread_scope` sets torch's intra-op threads for the duration of netquant's work and restores the caller's
 `torch.get_num_threads()`; `scoped_threads()` is what onnxruntime sessions netquant creates inside it should use.
@@ -175,7 +176,20 @@ def plan_threads(threads: int | str | None = None) -> ThreadPlan:
         return ThreadPlan(affinity, quota, None, torch.get_num_threads(), "OMP_NUM_THREADS is set: kept", omp)
     busy = measure_busy(affinity)
     n = choose_threads(affinity, quota, busy or 0.0)
+    local = local_processes()
+    if local > 1:  # torchrun's processes on this machine share it; each measured the others as busy or soon will
+        n = max(1, min(n, usable_cpus(affinity, quota) // local))
+        return ThreadPlan(affinity, quota, busy, n, f"auto: usable CPUs / {local} local processes, less those busy",
+                          omp)
     return ThreadPlan(affinity, quota, busy, n, "auto: usable CPUs less those busy", omp)
+
+
+def local_processes() -> int:
+    """Processes of this torchrun job on this machine (LOCAL_WORLD_SIZE; 1 outside torchrun)."""
+    try:
+        return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        return 1
 
 
 def scoped_threads() -> int | None:
