@@ -36,7 +36,7 @@ from netquant.passes.distributed import (
     broadcast_from_rank0,
     check_mergeable,
     current_shard,
-    merge_across_ranks,
+    merge_observers_across_ranks,
 )
 from netquant.passes.flat_ranges import FlatRanges
 from netquant.passes.observers import make_observer
@@ -228,7 +228,7 @@ class CalibrationPass(PassBase):
                     flush()
             flush()
         if shard is not None:
-            merge_across_ranks([o for _, o in observed])
+            merge_observers_across_ranks([o for _, o in observed])
         if not decided and blocker is None:
             blocker = "every calibration batch was one of the first, run one by one for export validation"
         stats.stack_samples = limit

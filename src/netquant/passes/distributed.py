@@ -19,7 +19,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from netquant.calib.distributed import check_mergeable, merge_across_ranks
 from netquant.errors import ConfigError
+
+__all__ = ["Shard", "broadcast_from_rank0", "check_mergeable", "current_shard", "merge_observers_across_ranks",
+           "torchrun_env"]
 
 
 @dataclass(frozen=True)
@@ -57,27 +61,11 @@ def current_shard() -> Shard:
     return Shard(dist.get_rank(), dist.get_world_size())
 
 
-def check_mergeable(observers: Sequence[Any]) -> None:
-    """ConfigError naming the first observer whose distributed merge would not equal one process's state."""
-    for obs in observers:
-        if not obs.order_invariant:
-            raise ConfigError(
-                f"distributed calibration: the {obs.name} observer of '{obs.tensor_name}' depends on how samples are "
-                "split into batches, so merging ranks would not give one process's scales; use "
-                f"observer_options={{'{obs.name}': {{'grid': 'pow2'}}}} (histogram observers) or the minmax observer")
-
-
-def merge_across_ranks(observers: Sequence[Any]) -> None:
-    """Every rank's observers gathered and merged in rank order into `observers`, identically on every rank."""
-    import torch.distributed as dist
-
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, list(observers))
-    for i, obs in enumerate(observers):  # rank 0's state first, then the others' in rank order
-        acc = gathered[0][i]
-        for theirs in gathered[1:]:
-            acc.merge(theirs[i])
-        obs.__dict__.update(acc.__dict__)
+def merge_observers_across_ranks(observers: Sequence[Any]) -> None:
+    """calib.distributed.merge_across_ranks into `observers` in place (every rank saw data or an empty stream)."""
+    for obs, merged in zip(observers, merge_across_ranks(observers)):
+        if merged is not None and merged is not obs:
+            obs.__dict__.update(merged.__dict__)
 
 
 def broadcast_from_rank0(value: Any) -> Any:
