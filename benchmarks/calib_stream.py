@@ -69,6 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", default="minmax:1000,minmax:10000,percentile:1000,percentile:10000",
                     help="observer:samples pairs, in order")
+    ap.add_argument("--append", action="store_true", help="add the rows to the table already written")
     ap.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -78,6 +79,8 @@ def main() -> None:
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1] / "src") + os.pathsep + env.get("PYTHONPATH", "")
     per_sample = activation_bytes_per_sample()
     rows: list[str] = []
+    if args.append and RESULTS.exists():
+        rows = [ln for ln in RESULTS.read_text().splitlines() if ln.startswith("| ") and not ln.startswith("| observer")]
     for spec in args.runs.split(","):
         observer, n = spec.split(":")[0], int(spec.split(":")[1])
         proc = subprocess.run([sys.executable, __file__, "--one", str(n), observer], capture_output=True,

@@ -113,6 +113,15 @@ def test_op_mixing_the_batch_dim_is_detected() -> None:
     _assert_same_params(one, kept)
 
 
+def test_batches_of_eight_or_more_run_as_given() -> None:
+    rng = np.random.default_rng(2)
+    batches = [rng.standard_normal((8, 3, 16, 16)).astype(np.float32) for _ in range(6)]
+    one, kept = _both(conv_net(), batches)
+    assert kept.qgraph.calibration.stack_blocker == "the batches already hold 8 samples"
+    assert kept.qgraph.calibration.executor_runs == 6
+    _assert_same_params(one, kept)
+
+
 def test_static_batch_dim_is_not_stacked() -> None:
     _, kept = _both(conv_net(batch=1), _cnn_batches(5))
     assert "static batch dim 1" in kept.qgraph.calibration.stack_blocker

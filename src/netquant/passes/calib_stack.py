@@ -14,6 +14,8 @@ sample's (on AMD EPYC with torch 2.13: the encoder's MatMuls bit-equal at 3 samp
 summation-order noise as another thread count, which the range rounding of calib.ranges (range_bits, default 8)
 absorbs; with range_bits=None (exact ranges) nothing is stacked.
 
+Only batches of fewer than STACK_WORTH_BELOW samples are stacked (per-sample lists, the usual case): batches of 8
+or more are batched already, and the check's extra run of the first batches would cost more than stacking saves.
 Stack size: as many samples as fit `budget_mb` of observed activations (bytes per sample measured in the first
 runs), at most STACK_MAX_SAMPLES.
 """
@@ -29,6 +31,7 @@ import torch
 from netquant.core.spec import Granularity
 
 STACK_MAX_SAMPLES = 64
+STACK_WORTH_BELOW = 8  # batches given with at least this many samples run as given (already batched)
 CHECK_RTOL = 1e-4  # the stacking check's tolerance: float summation noise passes, an op mixing the batch does not
 
 Batch = dict[str, torch.Tensor]

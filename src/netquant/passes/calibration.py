@@ -24,6 +24,7 @@ from netquant.errors import CalibrationError
 from netquant.graph import Executor, Graph, Node
 from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.calib_stack import (
+    STACK_WORTH_BELOW,
     Extrema,
     concat,
     same_layout,
@@ -80,6 +81,9 @@ class CalibrationPass(PassBase):
             return 1, "the first calibration batches give no two of one shape to check stacking on"
         if len(parts) < len(first_runs):
             return 1, "the first calibration batches differ in shape"
+        given = max(samples_in(b) for b, _ in parts)
+        if given >= STACK_WORTH_BELOW:  # the check's extra run would cost more than stacking such batches saves
+            return 1, f"the batches already hold {given} samples"
         stacked = Extrema()
         probing.append(stacked)
         whole = ex.run(concat([b for b, _ in parts]))
