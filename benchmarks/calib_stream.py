@@ -80,7 +80,9 @@ def main() -> None:
     per_sample = activation_bytes_per_sample()
     rows: list[str] = []
     if args.append and RESULTS.exists():
-        rows = [ln for ln in RESULTS.read_text().splitlines() if ln.startswith("| ") and not ln.startswith("| observer")]
+        redone = {tuple(spec.split(":")) for spec in args.runs.split(",")}
+        rows = [ln for ln in RESULTS.read_text().splitlines() if ln.startswith("| ") and not ln.startswith("| observer")
+                and tuple(c.strip() for c in ln.split("|")[1:3]) not in redone]  # runs redone replace their rows
     for spec in args.runs.split(","):
         observer, n = spec.split(":")[0], int(spec.split(":")[1])
         proc = subprocess.run([sys.executable, __file__, "--one", str(n), observer], capture_output=True,
