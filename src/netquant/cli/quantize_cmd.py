@@ -318,6 +318,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     rank = torchrun_rank()
     if rank is not None or nproc > 1:
         settings["distributed"] = True
+    if rank:  # torchrun's other ranks: no progress bars of their own
+        settings["quiet"] = True
     with local_group(nproc, str(model), batches, {**settings, "platform": platform.name}) if nproc > 1 and \
             rank is None else contextlib.nullcontext():
         qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform,
