@@ -74,8 +74,9 @@ class CalibrationPass(PassBase):
     @staticmethod
     def _check_stacking(ex: Executor, first_runs: list[tuple[dict[str, Any], dict[str, Any]]], probe: Extrema,
                         probing: list[Extrema], budget: float, stats: CalibrationCounts) -> tuple[int, str | None]:
-        """(samples per stack, why not stacked): the first batches of one layout run again as one stack must give
-        bit-equal outputs and observed extrema (passes.calib_stack); the stack size follows the memory budget."""
+        """(samples per stack, why not stacked): the first batches (of one layout, under STACK_WORTH_BELOW samples
+        each) run again as one stack must give their outputs and observed extrema up to float summation noise
+        (passes.calib_stack); the stack size follows the memory budget."""
         parts = [(b, o) for b, o in first_runs if same_layout(b, first_runs[0][0])] if first_runs else []
         if len(parts) < 2:
             return 1, "the first calibration batches give no two of one shape to check stacking on"
@@ -142,10 +143,10 @@ class CalibrationPass(PassBase):
 
         use_flat = ctx.settings.flat_ranges
         budget = ctx.settings.calib_stack_mb
-        inputs = [(v.name, v.shape) for v in graph.inputs if v.name not in graph.initializers]
+        graph_inputs = [(v.name, v.shape) for v in graph.inputs if v.name not in graph.initializers]
         blocker = ("calib_stack_mb is off" if not budget else
                    "range_bits=None asks for exact ranges, and a stacked MatMul may sum in another order (last bit)"
-                   if ctx.settings.range_bits is None else stack_blocker(inputs, (o for _, o in observed)))
+                   if ctx.settings.range_bits is None else stack_blocker(graph_inputs, (o for _, o in observed)))
         probe = Extrema()  # extrema of the first batches run one by one, for the stacking check
         feeding = True  # False: the stacking check's extra run, which the observers must not see
         probing: list[Extrema] = [probe] if blocker is None else []
