@@ -150,7 +150,10 @@ class Stage:
         try:
             return writer(tmp)
         except NetquantError as exc:
-            message = str(exc).replace(str(tmp), str(out.path)).replace(tmp.name, out.path.name)
+            message = str(exc)
+            for staged_option, staged in self._tmp.items():  # this output's and the companions staged before it
+                real = next(o.path for o in self.plan.outputs if o.option == staged_option)
+                message = message.replace(str(staged), str(real)).replace(staged.name, real.name)
             if message == str(exc):
                 raise
             try:

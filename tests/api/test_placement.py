@@ -226,7 +226,7 @@ def test_wider_format_before_float_and_its_placement_file(tmp_path):
     from netquant.cli.quantize_cmd import _placement_line
 
     n8 = sum(r.decision == "int8" for r in p.regions)
-    assert f"{n8} of {len(p.regions)} regions in INT8, {len(wide)} in the wider format (int8 (W8A8))" in \
+    assert f"{n8} of {len(p.regions)} regions in int4 (W4A4), {len(wide)} in the wider format (int8 (W8A8))" in \
         _placement_line(qm)
     report = export_qdq(qm.qgraph, tmp_path / "m.onnx")
     assert report.validated and report.reference_only

@@ -59,18 +59,23 @@ def test_onnxruntime_matches_fake_quant_model(preset, tmp_path):
     path = nqnn.export_onnx(q, x[:2], tmp_path / f"{preset}.onnx", opset=opset)
     proto = onnx.load(path)
     assert proto.opset_import[0].version == opset
-    q_nodes = [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]
-    assert q_nodes
-    # the integer type of the Q outputs (zero-point initializers / constants carry it)
+    dq_nodes = [n for n in proto.graph.node if n.op_type == "DequantizeLinear"]
+    assert dq_nodes
+    # the integer type of the DQ inputs (zero-point initializers / constants carry it)
     zp_types = set()
     inits = {i.name: i for i in proto.graph.initializer}
-    for node in q_nodes:
+    for node in dq_nodes:
         if len(node.input) > 2 and node.input[2] in inits:
             zp_types.add(onnx.TensorProto.DataType.Name(inits[node.input[2]].data_type))
     assert qtype in zp_types, zp_types
+    # weights are stored in their quantized type (no float weight -> QuantizeLinear left), FP8 too
+    assert not [n for n in proto.graph.node if n.op_type == "QuantizeLinear" and n.input[0] in inits]
+    int_weights = [inits[n.input[0]] for n in dq_nodes if n.input[0] in inits]
+    assert len(int_weights) == 3 and all(onnx.TensorProto.DataType.Name(t.data_type) == qtype for t in int_weights)
     if preset == "w4a16_per_group":
-        blocks = [a.i for n in q_nodes for a in n.attribute if a.name == "block_size"]
+        blocks = [a.i for n in dq_nodes for a in n.attribute if a.name == "block_size"]
         assert 16 in blocks
+        assert not [n for n in proto.graph.node if n.op_type == "QuantizeLinear"]  # weight-only: no Q at all
     with torch.no_grad():
         ref = q(x).numpy()
     got = _run_literal(path, x)  # dynamic batch: 6 rows through a model exported with 2

@@ -15,17 +15,30 @@ from netquant.analysis import (
     check_plot_target,
     cosine,
     layer_errors,
+    markdown_table,
     plot_layer_errors,
     rich_table,
+    saturation_markdown,
     saturation_report,
     snr_db,
     worst,
 )
+from netquant.analysis.html_report import (
+    EngineFacts,
+    HostFacts,
+    ModelFacts,
+    PlatformFacts,
+    ReportData,
+    file_sha256,
+    write_html_report,
+)
+from netquant.atomic import write_text_atomic
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
+from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.threads import thread_scope
 
@@ -34,7 +47,12 @@ if TYPE_CHECKING:
 
 
 class QuantizedModel:
-    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
+    """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error.
+
+    progress: exports show a progress line while they write and check the file (quantize_onnx sets it unless
+    quiet)."""
+
+    progress: bool = False
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
                  calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
@@ -45,6 +63,7 @@ class QuantizedModel:
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
         self.threads: int | None = None  # intra-op threads quantization ran with (platforms.threads); export reuses it
         self.rank = 0  # torch.distributed rank of a distributed=True run (only rank 0 writes files)
+        self.last_export: tuple[Path, Any] | None = None  # (path, exporter's report) of the latest export
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -175,14 +194,96 @@ class QuantizedModel:
                                                                 f"on {self.platform.name}")
         return errors
 
+    def report(self, path: str | Path, data: Iterable[Any] | None = None, *, max_batches: int = 1,
+               title: str | None = None, export: Any = None, output: str | Path | None = None) -> Path:
+        """Write a report of this model by the path's suffix: .html one self-contained page (model, CPU, engine
+        validation, FP32 vs INT8, placement, per-layer SNR / cosine chart, saturation), .md the markdown tables
+        (markdown_report), .png the per-layer plot (plot_report; needs matplotlib).
+
+        data / max_batches: the batches of the per-layer and saturation tables (default: the first calibration batch).
+        export / output: an exporter's report and the file it wrote (default: this model's latest export()).
+        The model file is never overwritten (ExportError); the file is written whole or not at all.
+        """
+        suffix = Path(path).suffix.lower()
+        if suffix not in (".html", ".htm", ".png", ".md"):
+            raise ConfigError(f"report '{path}': unknown extension '{suffix or '(none)'}'; use .html for the "
+                              "report page, .md for the markdown tables or .png for the per-layer plot")
+        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        OutputPlan.create([("report path", path, "report")], inputs=model_files(source) if source else (),
+                          error=ExportError)
+        default_title = f"per-layer quantization error: {source.name if source else self.graph.name} on " \
+                        f"{self.platform.name}"
+        if suffix == ".png":
+            self.plot_report(path, data, max_batches=max_batches, title=title or default_title)
+            return Path(path)
+        if suffix == ".md":
+            return write_text_atomic(path, self.markdown_report(title or default_title, data, max_batches),
+                                     "per-layer report")
+        if export is None and self.last_export is not None:
+            output, export = self.last_export
+        return write_html_report(self._report_data(data, max_batches, title, export, output), path)
+
+    def markdown_report(self, title: str, data: Iterable[Any] | None = None, max_batches: int = 1) -> str:
+        """The .md report: per-layer SNR / cosine table, placement decisions, int16 pair saturation."""
+        batches = self._batches(data, max_batches)
+        text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
+                "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(layer_errors(self.qgraph, batches)))
+        if self.placement is not None:
+            timed = any(r.int8_ms is not None for r in self.placement.regions) or \
+                "source_fp32_wall_ms" in self.placement.measured
+            how = ("Measured in onnxruntime on this machine (batch 1, one thread, per-node medians; each region's time "
+                   "includes its Q/DQ and layout glue). A region stays float when it runs slower in INT8 or when the "
+                   "accuracy budget needs it." if timed else
+                   "Speed is not measured for this platform's engine here: a region leaves the platform's format only "
+                   "when the accuracy budget needs it, for the platform's wider integer format first where it has one "
+                   "(decision 'wider'), else float.")
+            own = self.platform.format_label()
+            wider = self.platform.wider is not None
+            text += (f"\n## Placement: {own + ', wider integer' if wider else own} or float per region\n\n" + how
+                     + "\n\n" + self.placement.markdown())
+        if self.platform.cpu_target is not None:
+            text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first "
+                     "calibration batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with "
+                     "full-range int8 weights (`--target x86-vnni`) and with this file's weights (CPU target "
+                     f"'{self.platform.cpu_target.value}'), the share of outputs full-range weights change there, and "
+                     "the signal/saturation ratio.\n\n" + saturation_markdown(saturation_report(self.qgraph, batches)))
+        return text
+
+    def _report_data(self, data: Iterable[Any] | None, max_batches: int, title: str | None, export: Any,
+                     output: str | Path | None) -> ReportData:
+        from netquant.platforms.targets import host_info, kernel_family
+
+        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        summary = self.summary()
+        batches = self._batches(data, max_batches)
+        platform = self.platform
+        info = host_info()
+        return ReportData(
+            title=title or f"netquant report: {source.name if source else self.graph.name} on {platform.name}",
+            model=ModelFacts(path=str(source.resolve()) if source else (self.source or self.graph.name),
+                             sha256=file_sha256(source) if source else None, ops=summary["ops"],
+                             quantized_ops=summary["quantized_ops"], quantized_by_type=summary["quantized_by_type"]),
+            host=HostFacts(cpu=info.cpu.describe(), target=info.target.value,
+                           kernel_family=f"{info.accumulation.value}: {kernel_family(info.accumulation, info.cpu)}"),
+            platform=PlatformFacts(name=platform.name, scheme=platform.scheme(),
+                                   cpu_target=platform.cpu_target.value if platform.cpu_target else None,
+                                   weight_scheme=platform.weight_scheme.value if platform.weight_scheme else None,
+                                   wider=platform.wider.label if platform.wider else None),
+            summary=summary, layers=layer_errors(self.qgraph, batches),
+            saturation=saturation_report(self.qgraph, batches) if platform.cpu_target is not None else None,
+            engine=EngineFacts.from_export(export, output) if export is not None else None)
+
     # ---- export ----------------------------------------------------------------------------
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
         TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
         .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
-        On ranks other than 0 of a distributed run nothing is written (None is returned)."""
+        tensorrt_int8's ONNX QDQ file comes with its calibration cache, as the CLI's: trt_cache= its path (default the
+        path with suffix .cache; False: none). On ranks other than 0 of a distributed run nothing is written (None
+        is returned)."""
         if self.rank != 0:
             return None
+        cache = self._trt_cache(path, format, kwargs.pop("trt_cache", None))
         try:
             fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
         except ValueError:
@@ -191,9 +292,24 @@ class QuantizedModel:
         source = Path(self.source) if self.source and Path(self.source).is_file() else None
         planned = [("export path", path, f"{fmt.value} file")]
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
+        planned += [("trt_cache", cache, "TensorRT calibration cache")] if cache is not None else []
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        with thread_scope(self.threads):  # validation in the engine: the threads quantization chose
-            return writer(fmt)(self.qgraph, path, **kwargs)
+        with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"), \
+                thread_scope(self.threads):  # validation in the engine: the threads quantization chose
+            report = writer(fmt)(self.qgraph, path, **kwargs)
+        self.last_export = (Path(path), report)
+        if cache is not None:
+            self.export(cache, format=ExportKind.TENSORRT_CACHE)
+        return report
+
+    def _trt_cache(self, path: str | Path, format: ExportKind | str | None, given: str | Path | bool | None
+                   ) -> Path | None:
+        """Where an ONNX export for tensorrt_int8 writes its calibration cache (None: no cache)."""
+        if given is False or self.platform.name != "tensorrt_int8" or format not in (None, ExportKind.QDQ, "qdq") \
+                or ExportKind.for_path(path) is not ExportKind.QDQ:
+            return None
+        cache = Path(path).with_suffix(".cache") if given in (None, True) else Path(given)
+        return None if cache == Path(path) else cache
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "

@@ -16,6 +16,12 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
    with its neighbours), decide step 3 again; stop when nothing changes, after MAX_ROUNDS or at the time cap;
 6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
    the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY; the fastest where none is).
+7. static or dynamic (onnxruntime, `_choose_dynamic`): the INT8 MatMul regions are profiled once more with their
+   activation quantized at run time (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's
+   DynamicQuantizeMatMul); regions clearly faster so are the per-region choice; the all-static file, the
+   all-dynamic one and the per-region choice are then timed against each other (wall clock) and the fastest whose
+   onnxruntime output is as close to the source's as the static file's (or within max_loss) ships: decision
+   DYNAMIC, with each region's dynamic_ms in the placement file.
 
 BALANCED / ACCURACY first time the all-INT8 file against the user's FP32 model (wall clock, interleaved, within
 WALL_BUDGET_S); when it is no slower and within the budget that decides, and steps 2-6 run only while the time cap
@@ -35,6 +41,7 @@ import hashlib
 import json
 import math
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -100,11 +107,14 @@ class Reason:
     ALL_FLOAT = "float: the placed mixed file timed slower than the source, all float is faster"
     NOT_TIMED = "int8 within the accuracy budget (speed not measured for this engine)"
     WIDER = "accuracy budget: the platform's wider format"
+    DYNAMIC = "dynamic activation quantization timed faster"
+    ALL_DYNAMIC = "dynamic: the file with every MatMul region dynamic timed fastest"
     WIDER_NOT_ENOUGH = "accuracy budget: float (every region in the wider format is not enough)"
 
 
-# decisions of a region (RegionDecision.decision)
-INT8, WIDER, FLOAT = "int8", "wider", "float"
+# decisions of a region (RegionDecision.decision); DYNAMIC: int8 weights, the activation quantized at run time
+# (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's DynamicQuantizeMatMul)
+INT8, WIDER, FLOAT, DYNAMIC = "int8", "wider", "float", "dynamic"
 # the wide-format graph of a model (the same model calibrated with Platform.widened()), built when first needed
 WideFactory = Callable[[], QuantizedGraph]
 
@@ -125,6 +135,7 @@ class RegionDecision:
     gain: float | None = None
     wider_format: str | None = None  # the wider format's label where decision is WIDER
     wider_gain: float | None = None  # loss(all in the platform's format) - loss(only this region wide)
+    dynamic_ms: float | None = None  # the region's time with its activation quantized at run time (DYNAMIC step)
 
     def describe(self) -> str:
         """How the region runs: 'int8', 'float', or the wider format's label."""
@@ -146,7 +157,38 @@ class RegionDecision:
         return d
 
 
-WIDER_FIELDS = ("wider_format", "wider_gain")
+WIDER_FIELDS = ("wider_format", "wider_gain", "dynamic_ms")
+DECISIONS = (INT8, WIDER, FLOAT, DYNAMIC)
+
+_OPT_NUMBER, _STR, _OPT_STR = (int, float, type(None)), (str,), (str, type(None))
+_JSON_NAMES = {int: "number", float: "number", str: "string", dict: "object", list: "list", type(None): "null"}
+# the JSON types of each field of a placement file (required fields first: (types, required))
+_PLACEMENT_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "model_sha256": (_STR, True), "platform": (_STR, True), "target": (_STR, True), "host": ((dict,), True),
+    "objective": (_STR, True), "max_loss": (_OPT_NUMBER, True), "loss_metric": (_STR, True),
+    "regions": ((list,), True), "measured": ((dict,), False), "note": (_STR, False), "format": (_STR, True)}
+_REGION_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "anchor": (_STR, True), "op_type": (_STR, True), "ops": ((list,), True), "decision": (_STR, True),
+    "reason": (_STR, True), "int8_ms": (_OPT_NUMBER, False), "fp32_ms": (_OPT_NUMBER, False),
+    "loss_only": (_OPT_NUMBER, False), "loss_all_but": (_OPT_NUMBER, False), "gain": (_OPT_NUMBER, False),
+    "wider_format": (_OPT_STR, False), "wider_gain": (_OPT_NUMBER, False), "dynamic_ms": (_OPT_NUMBER, False)}
+
+
+def _check_fields(data: dict[str, Any], spec: dict[str, tuple[tuple[type, ...], bool]], where: str) -> None:
+    """ConfigError naming `where` and the field when a required field is missing or a field has the wrong JSON type
+    (a bool is no number)."""
+    missing = [k for k, (_, required) in spec.items() if required and k not in data]
+    if missing:
+        raise ConfigError(f"{where}: missing field(s) {', '.join(missing)}; write the file again with --placement "
+                          "(QuantizedModel.save_placement)")
+    for key, value in data.items():
+        if key not in spec:
+            continue  # unknown fields: reported by the dataclass below
+        types = spec[key][0]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            names = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in types))
+            raise ConfigError(f"{where}: field '{key}' must be a {names}, got {json.dumps(value)[:60]}; fix the file or "
+                              "write it again with --placement")
 ROW_HEADER = ["region (anchor op)", "type", "runs in", "why", "FP32 ms", "INT8 ms", "loss if only it is int8",
               "loss saved if float"]
 WIDER_HEADER = "loss saved if only it is wider"
@@ -171,6 +213,10 @@ class Placement:
     def float_anchors(self) -> list[str]:
         return [r.anchor for r in self.regions if r.decision == FLOAT]
 
+    def dynamic_anchors(self) -> list[str]:
+        """The regions whose activation input is quantized at run time (DYNAMIC)."""
+        return [r.anchor for r in self.regions if r.decision == DYNAMIC]
+
     def wider_anchors(self) -> list[str]:
         """The regions that run in the platform's wider format (Platform.wider)."""
         return [r.anchor for r in self.regions if r.decision == WIDER]
@@ -192,6 +238,18 @@ class Placement:
             raise ConfigError(f"cannot read placement file '{path}': {exc}") from exc
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"'{path}' is not a netquant placement file (format '{FORMAT}' expected)")
+        _check_fields(data, _PLACEMENT_FIELDS, f"placement file '{path}'")
+        if not isinstance(data["regions"], list):
+            raise ConfigError(f"placement file '{path}': 'regions' must be a list of region decisions, got "
+                              f"{type(data['regions']).__name__}; write the file again with --placement")
+        for i, r in enumerate(data["regions"]):
+            where = f"placement file '{path}', region {i}"
+            if not isinstance(r, dict):
+                raise ConfigError(f"{where}: a region decision must be a JSON object, got {type(r).__name__}")
+            _check_fields(r, _REGION_FIELDS, where)
+            if r["decision"] not in DECISIONS:
+                raise ConfigError(f"{where} ('{r['anchor']}'): decision {r['decision']!r} is not one of "
+                                  f"{', '.join(DECISIONS)} (lower case); fix the file or measure again")
         try:
             regions = [RegionDecision(**r) for r in data.pop("regions")]
             return cls(regions=regions, **data)
@@ -203,6 +261,7 @@ class Placement:
         return {"objective": self.objective, "max_loss": self.max_loss, "loss_metric": self.loss_metric,
                 "host": dict(self.host), "measured": dict(self.measured), "note": self.note,
                 "int8_regions": sum(r.decision == INT8 for r in self.regions),
+                "dynamic_regions": sum(r.decision == DYNAMIC for r in self.regions),
                 "wider_regions": sum(r.decision == WIDER for r in self.regions),
                 "float_regions": sum(r.decision == FLOAT for r in self.regions),
                 "regions": [r.as_dict() for r in self.regions]}
@@ -253,14 +312,32 @@ def _host() -> dict[str, str]:
             f"{kernel_family(info.accumulation, info.cpu)}", "onnxruntime": ort.__version__}
 
 
+# symbolic names of a leading axis that holds samples (a batch): only such an axis is cut to the samples placement times
+_BATCH_AXIS = re.compile(r"^(n|b|bs|nb|batch|batches|batch_?size|n_?batch|num_?batch(es)?|unk__\d+|\w*_dynamic_axes_1)$",
+                         re.IGNORECASE)
+
+
+def batch_axis(v: Any) -> bool:
+    """Whether input `v`'s dim 0 is a batch axis placement may cut: a symbolic dim named like a batch ('batch',
+    'N', 'batch_size', onnx's 'unk__<n>', torch's unnamed '<input>_dynamic_axes_1'), or unknown. A fixed dim, or a
+    symbolic one with another name ('frames', 'seq', 'time'), keeps the calibration batch's shape: a streaming
+    model's [frames, samples] input is timed with the frames it is fed."""
+    if v.shape is None:
+        return True  # nothing declared: as a batch (the rule before batch_axis)
+    if len(v.shape) == 0:
+        return False
+    dim = v.shape[0]
+    return dim is None or (isinstance(dim, str) and (dim == "" or bool(_BATCH_AXIS.match(dim))))
+
+
 def _first(batch: dict[str, torch.Tensor], qgraph: QuantizedGraph, n: int) -> dict[str, torch.Tensor]:
-    """The first n samples of a calibration batch (all of it where the model's batch dimension is fixed)."""
+    """The first n samples of a calibration batch along the inputs' batch axis (batch_axis); inputs without one
+    (a fixed or non-batch dim 0) are taken whole, at the calibration batch's shape."""
     out = {}
     for v in qgraph.graph.inputs:
         if v.name in batch:
             x = batch[v.name]
-            fixed = v.shape is not None and len(v.shape) > 0 and isinstance(v.shape[0], int) and v.shape[0] > 0
-            out[v.name] = x if fixed or x.dim() == 0 else x[:n]
+            out[v.name] = x[:n] if batch_axis(v) and x.dim() > 0 else x
     return out
 
 
@@ -319,8 +396,14 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
     if placement.platform != qgraph.platform.name:
         raise ConfigError(f"placement file '{path}' is for platform '{placement.platform}', not "
                           f"'{qgraph.platform.name}'")
+    target = str(qgraph.platform.cpu_target)
+    if placement.target != target:
+        raise ConfigError(f"placement file '{path}' was measured for CPU target '{placement.target}', this run's target "
+                          f"is '{target}' (--target): int8 speed and weights differ between targets; give --target "
+                          f"{placement.target} or measure again (drop --placement-from)")
     regions = {r.anchor: r for r in find_regions(qgraph)}
-    missing = [a for a in placement.float_anchors() + placement.wider_anchors() if a not in regions]
+    missing = [a for a in placement.float_anchors() + placement.wider_anchors() + placement.dynamic_anchors()
+               if a not in regions]
     if missing:
         raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float or the wider "
                           "format, but this quantized graph has no such region (other quantization settings?); measure "
@@ -329,6 +412,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
         twin = _wide_graph(qgraph, wide, f"placement file '{path}'")
         widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
+    qgraph.dynamic_ops = set(placement.dynamic_anchors())
     placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
     return placement
 
@@ -626,7 +710,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
         assert budget.wide is not None
         widen(s.qgraph, budget.wide, [s.by_anchor[a] for a in sorted(wide | best)])
     keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(best)])
-    engine = s.qgraph.platform.validation.value
+    engine = s.qgraph.platform.engine or f"{s.qgraph.platform.name}'s engine"  # LiteRT, ncnn, TensorRT, ...
 
     def reason_of(a: str) -> str:
         if a in wide:
@@ -643,7 +727,7 @@ def _budget_only(s: _Search, budget: _Budget, placement: Placement, start: float
                           "seconds": round(time.perf_counter() - start, 6)}
     if wide:
         placement.measured["loss_all_wider"] = budget.wide_loss_of.get((frozenset(s.by_anchor), frozenset()))
-    placement.note = (f"speed not measured (the platform's engine, {engine}, is not timed here): the accuracy budget "
+    placement.note = (f"speed not measured ({engine} is not timed here): the accuracy budget "
                       "alone decides" + ("" if budget.meter is not None else "; no budget (max_loss None): all INT8")
                       + (f"; {len(wide)} region(s) in the wider format ({s.qgraph.platform.wider.label}), the most "
                          f"sensitive first, until the loss is within {WIDER_SHARE} x max_loss"
@@ -698,7 +782,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         return placement
 
     all_anchors = set(s.by_anchor)
-    measured: dict[str, float] = {}
+    measured: dict[str, Any] = {"timed_shapes": {k: list(v.shape) for k, v in (s.feeds or {}).items()}}
     budget = _Budget(s, max_loss, objective)
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
@@ -715,7 +799,8 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
             time.perf_counter() > start + PROFILE_AFTER_SHARE * time_budget_s:
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
         # the cap
-        return _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+        placement = _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+        return _choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
     if search_s is not None and not (int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss)):
         s.deadline = max(s.deadline, start + search_s)
     p32 = s.profile_fp32()
@@ -823,7 +908,125 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     if int8_first_ok and not best:  # the shipped file is the all-INT8 one timed against the source: that ratio
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
-    if time.perf_counter() > s.deadline:
-        placement.note = "; ".join(filter(None, [placement.note, f"time cap of {time_budget_s:.1f} s reached: some "
-                                                                  "measurements skipped"]))
+    if time.perf_counter() > s.deadline:  # the cap in force (search_s may have raised it) and the time really taken
+        cap, took = s.deadline - start, time.perf_counter() - start
+        placement.note = "; ".join(filter(None, [placement.note, f"time cap {cap:.2f} s reached after {took:.2f} s "
+                                                 "(the whole-model timings and the FP32 and all-INT8 profiles always "
+                                                 "run): some measurements skipped"]))
+    return _choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
+
+
+DYNAMIC_OPS = ("MatMul",)  # region anchors export.dynamic can rewrite
+
+
+def _ort_runs(models: list[onnx.ModelProto], feeds: dict[str, np.ndarray], budget_s: float, timed_from: int = 0
+              ) -> tuple[list[np.ndarray], list[float]]:
+    """Each model's first output on `feeds`, and the wall-clock ms of models[timed_from:] (interleaved rounds;
+    onnxruntime CPU, one thread)."""
+    import onnxruntime as ort
+
+    from netquant.analysis.timing import interleaved_ms
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    sessions = [ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]) for m in models]
+    t = time.perf_counter()
+    outputs = [np.asarray(sess.run(None, feeds)[0], dtype=np.float64).ravel() for sess in sessions]
+    one = max(time.perf_counter() - t, 1e-6)
+    rounds = max(3, min(WALL_ROUNDS, int(budget_s / one)))
+    ms = interleaved_ms([lambda sess=sess: sess.run(None, feeds) for sess in sessions[timed_from:]],
+                        per_round=WALL_RUNS, rounds=rounds, warmup=0)
+    return outputs, ms
+
+
+def _one_minus_cos(a: np.ndarray, b: np.ndarray) -> float:
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return 0.0 if den == 0 else max(0.0, 1.0 - float(a @ b) / den)
+
+
+def _choose_dynamic(s: _Search, placement: Placement, source: onnx.ModelProto | None, max_loss: float | None,
+                    cap_s: float) -> Placement:
+    """The DYNAMIC step, after the INT8 / float decision (onnxruntime): the INT8 MatMul regions are profiled with
+    their activation quantized at run time (export.dynamic) and with static Q/DQ; the per-region choice puts a region
+    DYNAMIC where its static time exceeds SLOWER_MARGIN x its dynamic time + SLOWER_MS. Then three files run
+    against each other (wall clock, interleaved: the per-node profile misses onnxruntime's fusions across regions,
+    e.g. a bias Add fused into DynamicQuantizeMatMul): all static, every candidate dynamic, and the per-region
+    choice; the fastest whose output is no farther from the source's (1 - cosine, onnxruntime, the placement's
+    batch) than the static file's, or within max_loss, ships. Every candidate region's dynamic time is recorded
+    (dynamic_ms); qgraph.dynamic_ops holds the result."""
+    from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
+
+    qgraph = s.qgraph
+    deadline = time.perf_counter() + cap_s
+    decisions = {r.anchor: r for r in placement.regions}
+    candidates = sorted(a for a, r in decisions.items()
+                        if r.decision == INT8 and s.by_anchor[a].op_type in DYNAMIC_OPS)
+    if not candidates or s.feeds is None:
+        return placement
+    t0 = time.perf_counter()
+
+    def build(dynamic: list[str]) -> onnx.ModelProto:
+        qgraph.dynamic_ops = set(dynamic)
+        try:
+            return build_qdq_model(qgraph)[0]
+        finally:
+            qgraph.dynamic_ops = set()
+
+    # the static file: the one the search built and timed already where no region is float
+    static = s.built.get(frozenset()) if not placement.float_anchors() else None
+    static = static if static is not None else build([])
+    everything = build(candidates)
+    rewritten = {n.name for n in everything.graph.node if n.op_type == "MatMulInteger"}
+    candidates = [a for a in candidates if a in rewritten]
+    int8 = {a for a, r in decisions.items() if r.decision != FLOAT}
+    measured = placement.measured
+    chosen: list[str] = []
+    if candidates:
+        p_static = profile_onnx(static, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
+        p_dynamic = profile_onnx(everything, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
+        t_static = region_times(p_static, s.nmap, s.region_of, int8)
+        t_dynamic = region_times(p_dynamic, s.nmap, s.region_of, int8)
+        for a in candidates:
+            decisions[a].dynamic_ms = round(t_dynamic.get(a, 0.0), 4)
+            if decisions[a].int8_ms is None:
+                decisions[a].int8_ms = round(t_static.get(a, 0.0), 4)
+            if t_static.get(a, 0.0) > SLOWER_MARGIN * t_dynamic.get(a, 0.0) + SLOWER_MS:
+                chosen.append(a)
+        measured.update({"dynamic_candidates": len(candidates), "static_profile_ms": p_static.node_total_ms,
+                         "all_dynamic_profile_ms": p_dynamic.node_total_ms})
+    note, reason = "", Reason.DYNAMIC
+    if candidates and time.perf_counter() < deadline:
+        # the files to time: static, every candidate dynamic, and the per-region choice where it is neither
+        options: list[list[str]] = [[], candidates] + ([chosen] if chosen and chosen != candidates else [])
+        models = [static, everything] + ([build(chosen)] if len(options) == 3 else [])
+        reference = source if source is not None else fp32_onnx(qgraph)
+        try:
+            outs, times = _ort_runs([reference, *models], s.feeds, WALL_BUDGET_S, timed_from=1)
+        except Exception as exc:  # the source does not run in onnxruntime: no confirmation, stay static
+            note, chosen = f"dynamic regions not confirmed ({str(exc).splitlines()[0][:120]}): static kept", []
+        else:
+            losses = [_one_minus_cos(o, outs[0]) for o in outs[1:]]
+            measured.update({"static_wall_ms": times[0], "all_dynamic_wall_ms": times[1],
+                             "loss_ort_static": float(f"{losses[0]:.6g}"),
+                             "loss_ort_all_dynamic": float(f"{losses[1]:.6g}")})
+            if len(options) == 3:
+                measured.update({"per_region_dynamic_wall_ms": times[2],
+                                 "loss_ort_per_region_dynamic": float(f"{losses[2]:.6g}")})
+            # accurate enough: no farther from the source than the static file, or within max_loss
+            fine = [i for i in range(len(options))
+                    if losses[i] <= losses[0] or (max_loss is not None and losses[i] <= max_loss)]
+            best = min(fine, key=lambda i: (times[i], i))
+            if best == 1 and chosen != candidates:
+                reason = Reason.ALL_DYNAMIC
+            chosen = options[best]
+            if best == 0:
+                note = "static timed fastest: every region static"
+    else:
+        note, chosen = ("dynamic regions not confirmed (time cap): static kept" if candidates else ""), []
+    for a in chosen:
+        decisions[a].decision, decisions[a].reason = DYNAMIC, reason
+    qgraph.dynamic_ops = set(chosen)
+    measured.update({"dynamic_regions": len(chosen), "dynamic_s": round(time.perf_counter() - t0, 4)})
+    placement.note = "; ".join(filter(None, [placement.note, note]))
     return placement

@@ -15,11 +15,13 @@ import onnx
 import torch
 
 from netquant.api.model import QuantizedModel
-from netquant.errors import ExportError, ModelError, UnsupportedOpError
+from netquant.data.calib import PATH_OPTION_KEYS, graph_inputs, load_path_calibration
+from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
 from netquant.passes.distributed import current_shard
+from netquant.passes.progress import make_progress
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
@@ -55,23 +57,51 @@ def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tu
 
 
 def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+    """The graph to quantize; inputs naming an initializer are plain initializers (constants, as onnxruntime runs them
+    when not fed), so calibration and the exported file agree."""
     if isinstance(model, Graph):
-        return model.copy(), model.name
+        graph = model.copy()
+        graph.initializer_inputs = []
+        return graph, model.name
     if isinstance(model, onnx.ModelProto):
-        return load_onnx(model), model.graph.name
+        return load_onnx(model, overridable_inputs=False), model.graph.name
     if isinstance(model, bytes):
-        graph = load_onnx(model)
+        graph = load_onnx(model, overridable_inputs=False)
         return graph, graph.name
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
             raise ModelError(f"model file '{path}' does not exist")
-        return load_onnx(str(path)), str(path)
+        return load_onnx(str(path), overridable_inputs=False), str(path)
     raise ModelError(f"model must be a path, serialized ONNX bytes, an onnx.ModelProto or a netquant Graph, got "
                      f"{type(model).__name__}")
 
 
 _HALF = (torch.float16, torch.bfloat16)
+
+
+_WEIGHT_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm", "ConvInteger", "MatMulInteger")
+
+
+def _check_weights(graph: Graph, source: str) -> None:
+    """ModelError up front, naming the initializer and its readers: a float initializer holding NaN (no scale
+    quantizes it and it makes NaN outputs; Inf is left alone: masks and Clip bounds hold it on purpose), or an empty
+    weight (no elements) of a Conv / MatMul / Gemm (nothing to calibrate or compute)."""
+    def where(name: str) -> str:
+        named = ", ".join([f"'{n.name}' ({n.op_type})" for n in graph.nodes if name in n.inputs][:3])
+        return f"{source}: initializer '{name}'" + (f" (read by {named})" if named else "")
+
+    for name, t in graph.initializers.items():
+        if t.is_floating_point() and t.numel() and bool(torch.isnan(t).any()):
+            raise ModelError(f"{where(name)} holds {int(torch.isnan(t).sum())} NaN value(s) of {t.numel()}: NaN "
+                             "weights cannot be quantized and make NaN outputs; fix the weights (or re-export the "
+                             "trained model) first")
+    empty = {name for name, t in graph.initializers.items() if t.numel() == 0}
+    for n in graph.nodes:
+        if n.op_type in _WEIGHT_OPS and len(n.inputs) > 1 and n.inputs[1] in empty:
+            t = graph.initializers[n.inputs[1]]
+            raise ModelError(f"{where(n.inputs[1])} is an empty weight (shape {list(t.shape)}): the op has nothing "
+                             "to compute or quantize; remove it from the model (or re-export the model without it)")
 
 
 def _check_float32(graph: Graph, source: str) -> None:
@@ -92,9 +122,13 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
 
     passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
     after bias quantization and before the final deployability check (so they see calibrated params).
+    calib_data: batches (arrays, dicts of arrays, an iterable of them), or a path: a folder of images, .npy / .npz
+    file(s), or 'random' (a smoke test), read with the CLI's options as keywords: height, width, mean, std,
+    channel_order ('rgb' | 'bgr'), layout ('nchw' | 'nhwc'), keep_aspect, num_calib, seed.
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
-    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
+    "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
+    for an error metric), placement_from;
     see netquant.api.placement).
     distributed=True (under torchrun, or with a torch.distributed group): every rank passes the same calib_data and
     calibrates its share; observers merge exactly (scales bit-identical to one process); rank 0 places, and only
@@ -103,6 +137,9 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     or None / 'auto' for platforms.threads' policy (the CPUs this process may use less those other work keeps
     busy; OMP_NUM_THREADS set: kept). The caller's torch.get_num_threads() is restored after.
     """
+    if torch.is_inference_mode_enabled():  # tensors made under inference_mode have no version counter to track
+        with torch.inference_mode(False):
+            return quantize_onnx(model, calib_data, platform, passes=passes, threads=threads, **settings)
     with thread_scope(threads) as n:
         qmodel = _quantize_onnx(model, calib_data, platform, passes, settings)
     qmodel.threads = n
@@ -112,12 +149,19 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
 def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
                    platform: str | Platform, passes: Sequence[PassBase], settings: dict[str, Any]) -> QuantizedModel:
     t0 = time.perf_counter()
+    path_options = {k: settings.pop(k) for k in PATH_OPTION_KEYS if k in settings}
     s = QuantSettings.from_kwargs(platform, settings)
     rank = current_shard().rank if s.distributed else 0
     if rank != 0:  # rank 0 places and writes; the others only calibrate their share
         s = dataclasses.replace(s, objective=None, placement_from=None)
     graph, source = _load(model)
     _check_float32(graph, source)
+    _check_weights(graph, source)
+    if isinstance(calib_data, (str, os.PathLike)):  # an image folder, .npy / .npz file(s) or 'random', as the CLI's
+        calib_data = load_path_calibration(calib_data, graph_inputs(graph), s.batch_size, **path_options)
+    elif path_options:
+        raise ConfigError(f"{', '.join(sorted(path_options))}: these options say how files become calibration data; "
+                          "give calib_data as a folder of images, an .npy / .npz path or 'random'")
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
     source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
     # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
@@ -125,7 +169,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
-    from netquant.api.placement import place
+    from netquant.api.placement import applies, place
 
     wide = None
     if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
@@ -137,13 +181,17 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
             return run_ptq(twin, calib_data, wide_settings, extra_passes=passes).qgraph
 
     t1 = time.perf_counter()
-    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)  # objective / placement_from: measured INT8-or-float per region
+    with make_progress(s.quiet or not applies(s, run.qgraph)) as progress, progress.stage(
+            "placement: INT8 or float per region" if s.placement_from is None else "placement: re-applying the file"):
+        # objective / placement_from: measured INT8-or-float per region
+        placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
     qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qmodel.progress = not s.quiet  # exports show progress as the passes and placement did
     qmodel.rank = rank
     return qmodel
 
@@ -151,28 +199,59 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
                    platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = EXPORT_OPSET,
                    input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
-                   dynamic_axes: dict[str, dict[int, str]] | None = None, threads: int | str | None = None,
-                   **settings: Any) -> QuantizedModel:
+                   dynamic_axes: dict[str, dict[int, str]] | None = None, dynamic_batch: bool = True,
+                   threads: int | str | None = None, **settings: Any) -> QuantizedModel:
     """Export `module` (in eval mode) to ONNX with netquant's one torch -> ONNX path
     (netquant.nn.export.torch_to_onnx: torch.onnx's torch.export-based exporter, opset EXPORT_OPSET = 21,
-    at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...);
-    `dynamic_axes` ({input name: {dim: name}}) makes dims symbolic, keeping their names; `threads` as in
-    quantize_onnx (the export runs under it too)."""
+    at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...).
+    Dim 0 of every tensor input is symbolic by default (dynamic_batch: calibration batches and the exported file take
+    any batch size, whatever the example's); `dynamic_axes` ({input name: {dim: name}}) picks the symbolic dims
+    instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's.
+    Weight-only int4 / int8 (MatMulNBits or blocked DQ files) of a module: netquant.quantize_weights(module, path,
+    example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only.
+    The caller's module keeps its train / eval modes (it is exported in eval mode). `threads` as in quantize_onnx
+    (the export runs under it too)."""
+    _check_float_module(module)
     with thread_scope(threads) as n:
         return _quantize_torch(module, example_inputs, calib_data, platform, opset, input_names, output_names,
-                               dynamic_axes, n, settings)
+                               dynamic_axes, dynamic_batch, n, settings)
 
 
 def _quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any, platform: str | Platform,
                     opset: int, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
-                    dynamic_axes: dict[str, dict[int, str]] | None, threads: int,
+                    dynamic_axes: dict[str, dict[int, str]] | None, dynamic_batch: bool, threads: int,
                     settings: dict[str, Any]) -> QuantizedModel:
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    module = module.eval()
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+    modes = [(m, m.training) for m in module.modules()]  # the caller's train / eval mode, given back after export
     try:
-        proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
-                              dynamic_axes=dynamic_axes, what="quantize_torch")
+        with torch.inference_mode(False):  # (under inference_mode the graph's tensors could not be versioned)
+            module.eval()
+            proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
+                                  dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
     except ExportError as err:
         raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
+    finally:
+        for m, training in modes:
+            m.training = training
     return quantize_onnx(proto, calib_data, platform, threads=threads, **settings)
+
+
+def _check_float_module(module: Any) -> None:
+    """ModelError before exporting: not a module, weights on the 'meta' device (no values), or already quantized by
+    netquant.nn (its quantizers would be exported as data-dependent code)."""
+    from netquant.nn.quantizer import TensorQuantizer
+
+    if not isinstance(module, torch.nn.Module):
+        raise ModelError(f"quantize_torch takes a torch.nn.Module, got {type(module).__name__}")
+    what = type(module).__name__
+    for name, t in (*module.named_parameters(), *module.named_buffers()):
+        if t.is_meta:
+            raise ModelError(f"quantize_torch: {what} has tensor '{name}' on the 'meta' device (a shape without "
+                             "values, e.g. built under torch.device('meta')); load its weights first, e.g. "
+                             "module.to_empty(device='cpu') then module.load_state_dict(...)")
+    for name, m in module.named_modules():
+        if isinstance(m, TensorQuantizer):
+            raise ModelError(f"quantize_torch: {what} is already quantized by netquant.nn (quantize_model): "
+                             f"'{name or what}' is a {type(m).__name__}; give quantize_torch the float module, or "
+                             "calibrate this one and write it with netquant.nn.export_onnx(module, example, path)")

@@ -2,7 +2,8 @@
 
 No hub downloads: the PP-OCRv4 models come from the `rapidocr-onnxruntime==1.4.4` wheel,
 the light CNNs from `onnx/backend/test/data/light` inside the installed onnx package; the transformer
-encoder is built here from seeded torch weights and exported once.
+encoders (nn.TransformerEncoder, and a BERT-style one with a fused QKV Linear) are built here from seeded torch
+weights and exported once.
 """
 
 from __future__ import annotations
@@ -78,11 +79,29 @@ def _fetch_wheel(wheels: Path) -> Path:
     return final
 
 
+def _dir_mode() -> int:
+    """0o777 minus the process umask: the mode mkdir gives a new folder (mkdtemp's is 0o700)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o777 & ~mask
+
+
+def _check_readable(folder: Path) -> None:
+    """ConfigError naming `folder` and NETQUANT_CACHE when it exists but this user cannot read it (a shared cache
+    another user filled)."""
+    if folder.exists() and not os.access(folder, os.R_OK | os.X_OK):
+        raise ConfigError(f"the model cache folder '{folder}' exists but this user cannot read it (made by another "
+                          "user?); set NETQUANT_CACHE to a folder of your own, or have its owner run "
+                          f"chmod -R a+rX '{folder}'")
+
+
 def _rapidocr_dir() -> Path:
-    """Folder with the wheel's .onnx models, extracted once (atomic rename, safe across processes)."""
+    """Folder with the wheel's .onnx models, extracted once (atomic rename, safe across processes), readable by every
+    user the umask allows (a shared NETQUANT_CACHE)."""
     target = cache_dir() / "rapidocr-1.4.4"
     if (target / PPOCR_MODELS["rec"]).exists():
         return target
+    _check_readable(target)
     wheel = _fetch_wheel(_make_dir(cache_dir()) / "wheels")
     tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="rapidocr-"))
     try:
@@ -91,11 +110,15 @@ def _rapidocr_dir() -> Path:
                 base = name.rsplit("/", 1)[-1]
                 if base.endswith((".onnx", ".txt", ".yaml")):
                     (tmp / base).write_bytes(zf.read(name))
+        os.chmod(tmp, _dir_mode())
         try:
             os.rename(tmp, target)
-        except OSError:  # another process finished first
+        except OSError as exc:  # another process finished first, or a folder this user cannot use is in the way
             if not (target / PPOCR_MODELS["rec"]).exists():
-                raise
+                _check_readable(target)
+                raise ConfigError(f"cannot put the PP-OCR models into the model cache folder '{target}' "
+                                  f"({exc.strerror or exc}); remove it or set NETQUANT_CACHE to a writable "
+                                  "folder") from exc
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
@@ -205,3 +228,112 @@ def encoder_inputs(count: int, seed: int = 0) -> dict[str, np.ndarray]:
     mask = (np.arange(ENCODER_SEQ)[None, :] < lengths[:, None]).astype(np.int64)
     x = (table[tokens] + code[None]) * mask[..., None].astype(np.float32)
     return {"x": x.astype(np.float32), "mask": mask}
+
+
+# a BERT-style encoder as users export it (see bert_model_path): token + position Embedding, fused QKV Linear,
+# additive mask, post-LayerNorm, GELU; seeded random weights with BERT's initialisation
+BERT_LAYERS, BERT_DIM, BERT_HEADS, BERT_FF, BERT_VOCAB, BERT_MAX_SEQ = 6, 384, 12, 1536, 8192, 512
+BERT_SEED = 0
+BERT_FILE = "bert_fused_qkv_6x384_v1.onnx"
+
+
+def bert_module(layers: int = BERT_LAYERS, dim: int = BERT_DIM, heads: int = BERT_HEADS, ff: int = BERT_FF,
+                vocab: int = BERT_VOCAB, seed: int = BERT_SEED) -> torch.nn.Module:
+    """A BERT-style encoder (default 6 layers, width 384, 12 heads of 32, ff 1536, vocab 8192) with weights from
+    torch.manual_seed(seed), N(0, 0.02) like BERT's init, LayerNorm gains N(1, 0.1); forward(input_ids,
+    attention_mask) -> hidden states [batch, seq, dim]. Each layer: one fused QKV Linear, additive mask
+    (1 - mask) * -10000, post-LayerNorm, erf GELU."""
+    import torch
+    from torch import nn
+
+    class Layer(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.qkv = nn.Linear(dim, 3 * dim)  # one fused Linear for Q, K and V
+            self.out = nn.Linear(dim, dim)
+            self.norm1 = nn.LayerNorm(dim, eps=1e-12)
+            self.ff1 = nn.Linear(dim, ff)
+            self.ff2 = nn.Linear(ff, dim)
+            self.norm2 = nn.LayerNorm(dim, eps=1e-12)
+
+        def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            b, s, _ = x.shape
+            head = dim // heads
+            qkv = self.qkv(x).view(b, s, 3, heads, head).permute(2, 0, 3, 1, 4)
+            q, k, v = qkv[0], qkv[1], qkv[2]
+            scores = torch.matmul(q, k.transpose(-1, -2)) / head ** 0.5 + mask
+            ctx = torch.matmul(scores.softmax(-1), v).transpose(1, 2).reshape(b, s, dim)
+            x = self.norm1(x + self.out(ctx))
+            return self.norm2(x + self.ff2(nn.functional.gelu(self.ff1(x))))
+
+    class Bert(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tokens = nn.Embedding(vocab, dim)
+            self.positions = nn.Embedding(BERT_MAX_SEQ, dim)
+            self.norm = nn.LayerNorm(dim, eps=1e-12)
+            self.layers = nn.ModuleList(Layer() for _ in range(layers))
+            for module in self.modules():
+                if isinstance(module, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(module.weight, 0.0, 0.02)
+                if isinstance(module, nn.Linear):
+                    nn.init.normal_(module.bias, 0.0, 0.02)
+                if isinstance(module, nn.LayerNorm):
+                    nn.init.normal_(module.weight, 1.0, 0.1)
+                    nn.init.normal_(module.bias, 0.0, 0.05)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+            x = self.norm(self.tokens(input_ids) + self.positions(positions)[None])
+            mask = (1.0 - attention_mask[:, None, None, :].to(x.dtype)) * -10000.0  # additive, as BERT's
+            for layer in self.layers:
+                x = layer(x, mask)
+            return x
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return Bert().eval()
+
+
+def bert_model_path(seq: int | None = None) -> Path:
+    """The BERT-style encoder (bert_module()) as ONNX, exported like users do (`torch.onnx.export(..., dynamo=False,
+    opset_version=17)`): inputs input_ids and attention_mask [batch, seq] int64, output hidden [batch, seq, 384];
+    seq None: dynamic batch and seq axes (seq <= 512); an int: fixed shape [1, seq] (torch.onnx's default without
+    dynamic_axes). Exported once into the cache (atomic write)."""
+    target = cache_dir() / "encoder" / BERT_FILE.replace(".onnx", f"_{'dynamic' if seq is None else f'1x{seq}'}.onnx")
+    if not target.exists():
+        _make_dir(target.parent)
+        with atomic_path(target, "BERT-style encoder model", ModelError) as tmp:
+            export_bert(bert_module(), tmp, seq)
+    return target
+
+
+def export_bert(module: torch.nn.Module, path: str | os.PathLike[str], seq: int | None = None) -> None:
+    """torch.onnx.export (TorchScript, opset 17) of a bert_module at `path`: dynamic batch / seq axes when seq is
+    None, else the fixed shape [1, seq]."""
+    import torch
+
+    n = 16 if seq is None else seq
+    ids = torch.zeros(1 if seq is not None else 2, n, dtype=torch.int64)
+    mask = torch.ones_like(ids)
+    axes = None if seq is not None else {name: {0: "batch", 1: "seq"}
+                                         for name in ("input_ids", "attention_mask", "hidden")}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter is what users run (dynamo=False)
+        torch.onnx.export(module, (ids, mask), str(path), opset_version=17,
+                          input_names=["input_ids", "attention_mask"], output_names=["hidden"],
+                          dynamic_axes=axes, dynamo=False)
+
+
+def bert_inputs(count: int, seq: int = 64, seed: int = 0, vocab: int = BERT_VOCAB) -> dict[str, np.ndarray]:
+    """`count` tokenized rows for bert_model_path(): {'input_ids', 'attention_mask'} [count, seq] int64.
+
+    Each row has a length drawn from [seq // 4, seq]; tokens are drawn with a Zipf-like law over the vocabulary
+    (frequent ids small, as real tokenizers' are), padding is id 0 with mask 0."""
+    if count < 1 or not 1 <= seq <= BERT_MAX_SEQ:
+        raise ConfigError(f"bert_inputs: count must be >= 1 and 1 <= seq <= {BERT_MAX_SEQ}, got {count}, {seq}")
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(max(1, seq // 4), seq + 1, size=count)
+    ids = np.minimum(rng.zipf(1.3, size=(count, seq)) + 1, vocab - 1).astype(np.int64)
+    mask = (np.arange(seq)[None, :] < lengths[:, None]).astype(np.int64)
+    return {"input_ids": ids * mask, "attention_mask": mask}

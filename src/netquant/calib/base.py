@@ -282,8 +282,9 @@ class Observer(ABC):
             n_inf = int((~finite).sum()) - n_nan
             if not self.ignore_nonfinite:
                 raise DataError(f"{self._error_prefix()}: batch {self.num_batches} has {n_nan} NaN and {n_inf} "
-                                f"Inf values; fix the model or input producing them, or pass "
-                                f"ignore_nonfinite=True to skip (and count) them")
+                                f"Inf values; fix the model or input producing them (to skip and count them "
+                                f"instead: ignore_nonfinite=True, in quantize_onnx observer_options="
+                                f"{{'{self.name}': {{'ignore_nonfinite': True}}}}; the CLI has no such option)")
             if self.nonfinite_count == 0:
                 log.warning("%s: ignoring %d NaN and %d Inf values in batch %d", self._error_prefix(),
                             n_nan, n_inf, self.num_batches)

@@ -27,11 +27,12 @@ from netquant.data.calib import (
 )
 from netquant.errors import ConfigError
 from netquant.outputs import OutputPlan, model_files
+from netquant.passes.progress import make_progress
 
 if TYPE_CHECKING:
     from netquant.api.model import QuantizedModel
 
-REPORT_SUFFIXES = (".md", ".png")
+REPORT_SUFFIXES = (".md", ".png", ".html", ".htm")
 
 
 def _floats(text: str | None, what: str) -> tuple[float, ...] | None:
@@ -52,42 +53,20 @@ def _check_report_path(path: Path | None) -> None:
         return
     if path.suffix.lower() not in REPORT_SUFFIXES:
         raise ConfigError(f"--report '{path}': unknown extension '{path.suffix or '(none)'}'; use .md for a "
-                          "markdown table or .png for a plot")
+                          "markdown table, .png for a plot or .html for the full report page")
     if path.suffix.lower() == ".png":
         from netquant.analysis import check_plot_target
 
         check_plot_target(path)
 
 
-def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
-    """Per-layer SNR / cosine (FP32 vs fake-quant, first calibration batch): .md table or .png plot."""
-    from netquant.analysis import markdown_table, saturation_markdown
-    from netquant.atomic import write_text_atomic
-
-    if path.suffix.lower() == ".png":
-        qmodel.plot_report(path, title=title)
-        return path
-    text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
-            "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
-    if qmodel.placement is not None:
-        timed = any(r.int8_ms is not None for r in qmodel.placement.regions) or \
-            "source_fp32_wall_ms" in qmodel.placement.measured
-        how = ("Measured in onnxruntime on this machine (batch 1, one thread, per-node medians; each region's time "
-               "includes its Q/DQ and layout glue). A region stays float when it runs slower in INT8 or when the "
-               "accuracy budget needs it." if timed else
-               "Speed is not measured for this platform's engine here: a region leaves the platform's format only "
-               "when the accuracy budget needs it, for the platform's wider integer format first where it has one "
-               "(decision 'wider'), else float.")
-        wider = qmodel.platform.wider is not None
-        text += (f"\n## Placement: {'INT8, wider integer' if wider else 'INT8'} or float per region\n\n" + how
-                 + "\n\n" + qmodel.placement.markdown())
-    if qmodel.platform.cpu_target is not None:
-        text += ("\n## int16 pair saturation on x86 CPUs without VNNI\n\nPer int8-kernel op, on the first calibration "
-                 "batch: weight pairs whose products can overflow onnxruntime's int16 pair sums with full-range int8 "
-                 "weights (`--target x86-vnni`) and with this file's weights (CPU target "
-                 f"'{qmodel.platform.cpu_target.value}'), the share of outputs full-range weights change there, and "
-                 "the signal/saturation ratio.\n\n" + saturation_markdown(qmodel.saturation_report()))
-    return write_text_atomic(path, text, "per-layer report")
+def write_layer_report(qmodel: QuantizedModel, path: Path, title: str, export: object = None,
+                       output: Path | None = None) -> Path:
+    """--report: .md per-layer SNR / cosine table (FP32 vs fake-quant, first calibration batch) with placement and
+    saturation, .png plot, .html the whole report page with the export's engine results (QuantizedModel.report)."""
+    if path.suffix.lower() in (".html", ".htm"):
+        return qmodel.report(path, export=export, output=output)
+    return qmodel.report(path, title=title)
 
 
 def _placement_line(qmodel: QuantizedModel) -> str:
@@ -100,7 +79,7 @@ def _placement_line(qmodel: QuantizedModel) -> str:
     m = p.measured
     times = (f"; measured here {m['fp32_ms']:.2f} ms FP32 -> {m['placed_ms']:.2f} ms placed "
              f"(all INT8 {m['all_int8_ms']:.2f} ms)") if "placed_ms" in m else ""
-    return (f"{p.objective}: {n8} of {len(p.regions)} regions in INT8"
+    return (f"{p.objective}: {n8} of {len(p.regions)} regions in {qmodel.platform.format_label()}"
             + (f", {wide} in the wider format ({qmodel.platform.wider.label})" if wide and qmodel.platform.wider else "")
             + times
             + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
@@ -203,12 +182,15 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write a TensorRT calibration cache (tensorrt_int8: written anyway, default OUT.cache).")
 @click.option("--report", "report_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the per-layer error (SNR dB, cosine of every op output vs FP32, first calibration "
-                   "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]).")
+                   "batch): layers.md = markdown table, layers.png = plot (needs netquant[plots]); report.html = one "
+                   "self-contained page with the model, CPU, engine validation, FP32 vs INT8, placement, per-layer "
+                   "chart and saturation table.")
 @click.option("--opset", type=int, default=None, help="Opset of the exported model (default: max(13, model's)).")
 @click.option("--height", type=click.IntRange(min=1), default=None, help="Image height (dynamic-shape models).")
 @click.option("--width", type=click.IntRange(min=1), default=None, help="Image width (dynamic-shape models).")
-@click.option("--mean", default="0,0,0", show_default=True, help="Per-channel mean of pixel/255.")
-@click.option("--std", default="1,1,1", show_default=True, help="Per-channel std of pixel/255.")
+@click.option("--mean", default="0", show_default=True,
+              help="Per-channel mean of pixel/255 (one value: every channel).")
+@click.option("--std", default="1", show_default=True, help="Per-channel std of pixel/255 (one value: every channel).")
 @click.option("--channel-order", type=click.Choice(["rgb", "bgr"], case_sensitive=False), default="rgb",
               show_default=True)
 @click.option("--layout", type=click.Choice(["nchw", "nhwc"], case_sensitive=False), default="nchw",
@@ -237,14 +219,35 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--threads", default="auto", show_default=True,
               help="Intra-op threads of torch and onnxruntime during the run: a count, or 'auto' (the CPUs this "
                    "process may use less those busy with other work; OMP_NUM_THREADS set: kept).")
+@click.option("--weight-only", type=click.Choice(["int4", "int8"], case_sensitive=False), default=None,
+              help="Weight-only quantization of MatMul / Gemm weights (LLMs): MatMulNBits or blocked DQ, "
+                   "block-wise; --calib is then token ids (.npy), a text file with --tokenizer, or 'random'.")
+@click.option("--block-size", type=int, default=128, show_default=True, help="Weight-only block size (16..256).")
+@click.option("--algorithm", type=click.Choice(["rtn", "hqq", "awq", "gptq"], case_sensitive=False), default="rtn",
+              show_default=True, help="Weight-only algorithm.")
+@click.option("--asymmetric", is_flag=True, help="Weight-only: asymmetric blocks with zero points.")
+@click.option("--wo-format", type=click.Choice(["matmulnbits", "dq"], case_sensitive=False), default="matmulnbits",
+              show_default=True, help="Weight-only file form: com.microsoft.MatMulNBits (onnxruntime) or opset-21 "
+                                      "blocked DequantizeLinear (other engines).")
+@click.option("--tokenizer", type=click.Path(exists=True, path_type=Path), default=None,
+              help="Weight-only: folder with tokenizer.json for a text --calib file.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Weight-only: tokens per calibration window.")
+@click.option("--act-order", is_flag=True, help="Weight-only GPTQ: quantize columns by descending Hessian diagonal.")
+@click.option("--embeddings", is_flag=True, help="Weight-only: also the token-embedding tables (per-row blocks).")
+@click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
+              help="Weight-only MatMulNBits: 0 float compute, 4 int8 activations (faster CPU kernels).")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
              keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None, objective: str,
-             max_loss: float | None, placement_path: Path | None, placement_from: Path | None, threads: str,
-             nproc: int) -> None:
+             max_loss: float | None, placement_path: Path | None, placement_from: Path | None,
+             weight_only: str | None = None, block_size: int = 128, algorithm: str = "rtn", asymmetric: bool = False,
+             wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
+             act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0, threads: str = "auto",
+             nproc: int = 1) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.cli.distributed import local_group, torchrun_rank
@@ -258,12 +261,21 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     n_threads = click_ctx.with_resource(thread_scope(threads))
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
+    from netquant.export.opset import check_opset_request
     from netquant.platforms import Validation, get_platform
 
     console = Console(stderr=True, quiet=quiet)
     t0 = time.perf_counter()
+    if weight_only is not None:
+        from netquant.cli.weight_only_cmd import run_weight_only
+
+        exclude = tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())
+        return run_weight_only(console, model, output, weight_only, block_size, algorithm.lower(), asymmetric,
+                               wo_format.lower(), calib, tokenizer, seq_len, num_calib, act_order, exclude, seed,
+                               max_loss, embeddings, accuracy_level)
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
+    check_opset_request(opset, "--opset")
     kind = ExportKind.for_path(output)
     if kind is ExportKind.TFLITE and (platform.activation.is_float
                                       or (platform.activation.bits, platform.activation.signed) != (8, True)):
@@ -332,7 +344,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     extra = [p for p in (json_path, trt_cache, report_path, placement_path) if p is not None]
     in_ort = platform.validation is Validation.ONNXRUNTIME  # onnxruntime's int8 kernels matter for its files only
     with plan.staged() as stage:
-        with console.status(f"exporting and validating {output}"):
+        engine = platform.validation_engine if kind is ExportKind.QDQ else kind.engine
+        with make_progress(quiet, console) as progress, progress.stage(f"export: {output.name}, checked in {engine}"):
             # the first calibration batch validates the export (no random batch for dynamic shapes)
             sample = None if qmodel.qgraph.validation_batches else batches[0]
             # companions (.bin, .table) are written by the exporter at their staging paths, with the main file
@@ -350,7 +363,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         if report_path is not None:
             with console.status(f"writing per-layer report {report_path}"):
                 title = f"per-layer quantization error: {model.name} on {platform.name}"
-                stage.write("--report", lambda p: write_layer_report(qmodel, p, title))
+                stage.write("--report", lambda p: write_layer_report(qmodel, p, title, export=report, output=output))
     t_end = time.perf_counter()
     summary = qmodel.summary()
     facts = RunFacts(

@@ -12,6 +12,7 @@ import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -49,19 +50,24 @@ class ImageOptions:
 
     height: int | None = None  # None: from the model's static input shape
     width: int | None = None
-    mean: tuple[float, ...] = (0.0, 0.0, 0.0)
-    std: tuple[float, ...] = (1.0, 1.0, 1.0)
+    mean: tuple[float, ...] = (0.0,)  # one value per channel, or one value for every channel
+    std: tuple[float, ...] = (1.0,)
     channel_order: ChannelOrder = ChannelOrder.RGB
     layout: Layout = Layout.NCHW
     keep_aspect_pad: bool = False  # resize to height, keep aspect ratio, zero-pad on the right (OCR lines)
 
     def __post_init__(self) -> None:
-        if len(self.mean) != len(self.std):
-            raise DataError(f"mean has {len(self.mean)} values but std has {len(self.std)}; give one per channel")
+        if not self.mean or not self.std:
+            raise DataError("mean and std (--mean / --std) need at least one value (one value: every channel)")
+        if len(self.mean) != len(self.std) and 1 not in (len(self.mean), len(self.std)):
+            raise DataError(f"mean (--mean) has {len(self.mean)} values but std (--std) has {len(self.std)}; give "
+                            "one per channel, or one value for every channel")
         if not all(np.isfinite(v) for v in (*self.mean, *self.std)):
             raise DataError(f"mean {self.mean} / std {self.std} contain NaN or Inf; give finite numbers")
         if any(s == 0 for s in self.std):
-            raise DataError(f"std {self.std} contains 0; every channel's std must be non-zero")
+            raise DataError(f"std (--std) {','.join(f'{v:g}' for v in self.std)} contains 0: inputs are "
+                            "(pixel/255 - mean) / std, so every channel's std must be non-zero; give the std of the "
+                            "pixel/255 values your model was trained with, e.g. 0.229,0.224,0.225 (or 1: no scaling)")
         with np.errstate(over="ignore", divide="ignore"):  # pixel/255 - mean in [-|mean|-1, |mean|+1]
             bound = (np.float32(1) + np.abs(np.float32(self.mean))) / np.abs(np.float32(self.std))
         if not np.isfinite(bound).all():
@@ -156,7 +162,8 @@ def _image_geometry(inp: ModelInput, opts: ImageOptions) -> tuple[int, int, int]
         c, h, w = (_static(d) for d in inp.shape[1:])
     else:
         h, w, c = (_static(d) for d in inp.shape[1:])
-    c = c or len(opts.mean)
+    given = max(len(opts.mean), len(opts.std))
+    c = c or (given if given > 1 else 3)  # a dynamic channel dim: RGB unless mean / std say otherwise
     h, w = opts.height or h, opts.width or w
     if h is None or w is None:
         raise DataError(f"model input {inp.describe()} has a dynamic height/width; give the image size "
@@ -164,8 +171,12 @@ def _image_geometry(inp: ModelInput, opts: ImageOptions) -> tuple[int, int, int]
     if c not in (1, 3):
         raise DataError(f"model input {inp.describe()} has {c} channels in layout {opts.layout.name}; "
                         "images give 1 or 3 (check --layout)")
-    if len(opts.mean) not in (1, c):
-        raise DataError(f"mean/std give {len(opts.mean)} values but input {inp.describe()} has {c} channels")
+    if max(len(opts.mean), len(opts.std)) not in (1, c):
+        kind = "grayscale images (1 channel)" if c == 1 else f"{c}-channel images"
+        raise DataError(f"mean/std (--mean / --std) give {max(len(opts.mean), len(opts.std))} values but input "
+                        f"{inp.describe()} "
+                        f"takes {kind}; give {c} value{'s' if c > 1 else ''} (or one value for every channel), "
+                        f"e.g. --mean {','.join(['0.5'] * c)} --std {','.join(['0.5'] * c)}")
     return c, h, w
 
 
@@ -223,7 +234,12 @@ def _check_array(arr: np.ndarray, inp: ModelInput, where: str) -> np.ndarray:
     """A (N, ...) array checked against the input's rank and static dims (a single sample gets N = 1)."""
     if arr.dtype == object or not np.issubdtype(arr.dtype, np.number) and arr.dtype != np.bool_:
         raise DataError(f"{where}: array of dtype {arr.dtype} cannot feed input {inp.describe()}")
-    if inp.shape is not None:
+    if inp.shape == ():  # a scalar input: one 0-d sample or a 1-d array of samples
+        if arr.ndim > 1:
+            raise DataError(f"{where}: array of shape {list(arr.shape)} does not fit the scalar (0-d) model input "
+                            f"'{inp.name}'; give a 0-d array (one sample) or a 1-d array of samples")
+        arr = arr.reshape(-1)
+    elif inp.shape is not None:
         if arr.ndim == len(inp.shape) - 1:
             arr = arr[None]
         if arr.ndim != len(inp.shape):
@@ -314,7 +330,7 @@ def random_data(inputs: Sequence[ModelInput], count: int = 8, seed: int = 0, dyn
     for inp in inputs:
         if inp.shape is None:
             raise DataError(f"model input {inp.describe()} has no known rank; random data needs a shape")
-        dims = [count] + [_static(d) or dynamic_dim for d in inp.shape[1:]]
+        dims = [count] + [_static(d) or dynamic_dim for d in inp.shape[1:]]  # a scalar input: count samples
         if image_options is not None and len(dims) == 4:
             h_axis, w_axis = (2, 3) if image_options.layout is Layout.NCHW else (1, 2)
             if _static(inp.shape[h_axis]) is None and image_options.height:
@@ -354,20 +370,68 @@ def load_calibration(source: str | Path, inputs: Sequence[ModelInput], *, image_
     if path.is_file() and path.suffix.lower() not in (".npy", ".npz"):
         raise DataError(f"calibration file '{path}' is not .npy or .npz; give a folder of images, "
                         ".npy/.npz file(s), or 'random'")
-    if path.is_dir() and not array_files(path):
-        return load_image_folder(path, inputs, image_options or ImageOptions(), limit)
+    if path.is_dir():
+        arrays, images = array_files(path), image_files(path)
+        if arrays and images:
+            raise DataError(f"calibration folder '{path}' holds both images ({len(images)}, e.g. '{images[0]}') and "
+                            f"arrays ({len(arrays)} .npy/.npz, e.g. '{arrays[0]}'); netquant cannot tell which you "
+                            "mean: put them in separate folders and give that one to --calib")
+        if not arrays:
+            return load_image_folder(path, inputs, image_options or ImageOptions(), limit)
     return load_arrays(path, inputs, limit)
+
+
+# the keywords of the API that say how files become calibration data (as the CLI's options of the same names)
+PATH_OPTION_KEYS = ("height", "width", "mean", "std", "channel_order", "layout", "keep_aspect", "num_calib", "seed")
+
+
+def graph_inputs(graph: Any) -> list[ModelInput]:
+    """The inputs a netquant Graph is fed (names, shapes, numpy dtypes), as model_inputs reads them from a file."""
+    import torch
+
+    out = []
+    for v in graph.inputs:
+        dtype = np.dtype(np.float32) if v.dtype is None else torch.empty(0, dtype=v.dtype).numpy().dtype
+        out.append(ModelInput(v.name, v.shape, dtype))
+    return out
+
+
+def load_path_calibration(source: str | Path, inputs: Sequence[ModelInput], batch_size: int, *,
+                          height: int | None = None, width: int | None = None,
+                          mean: Sequence[float] | float = (0.0,), std: Sequence[float] | float = (1.0,),
+                          channel_order: ChannelOrder | str = ChannelOrder.RGB, layout: Layout | str = Layout.NCHW,
+                          keep_aspect: bool = False, num_calib: int | None = None,
+                          seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Calibration batches from an image folder, .npy / .npz file(s) or 'random', with the CLI's options:
+    x = (pixel / 255 - mean) / std (one value per channel, or one for every channel), resized to height x width
+    (keep_aspect: to the height, padded right),
+    channel_order 'rgb' | 'bgr', layout 'nchw' | 'nhwc'; at most num_calib samples; seed for 'random'."""
+    try:
+        means = (mean,) if isinstance(mean, (int, float)) else mean
+        stds = (std,) if isinstance(std, (int, float)) else std
+        opts = ImageOptions(height=height, width=width, mean=tuple(float(m) for m in means),
+                            std=tuple(float(v) for v in stds), channel_order=ChannelOrder(str(
+                                getattr(channel_order, "value", channel_order)).lower()),
+                            layout=Layout(str(getattr(layout, "value", layout)).lower()), keep_aspect_pad=keep_aspect)
+    except ValueError as exc:
+        raise DataError(f"calibration options for '{source}': {exc} (channel_order: rgb | bgr, layout: nchw | "
+                        "nhwc)") from None
+    data = load_calibration(source, inputs, image_options=opts, limit=num_calib, seed=seed)
+    return split_batches(data, inputs, batch_size)
 
 
 def split_batches(data: dict[str, np.ndarray], inputs: Sequence[ModelInput],
                   batch_size: int) -> list[dict[str, np.ndarray]]:
     """Stacked samples -> batches of `batch_size` (or of the model's static batch dim when it has one)."""
+    scalars = {i.name for i in inputs if i.shape == ()}
     static = {_static(i.shape[0]) for i in inputs if i.shape}
     static.discard(None)
+    if scalars:  # a scalar input holds one sample: every batch is one sample, the scalar a 0-d array
+        static = {1}
     step = min(static) if static else batch_size
     n = len(next(iter(data.values())))
     if static and n < step:
         raise DataError(f"the model's batch dim is fixed at {step} but only {n} calibration samples were given "
                         f"for {', '.join(i.describe() for i in inputs)}")
     stop = n - n % step if static else n  # a fixed batch dim drops the incomplete last batch
-    return [{k: v[s:s + step] for k, v in data.items()} for s in range(0, stop, step)]
+    return [{k: v[s:s + 1].reshape(()) if k in scalars else v[s:s + step] for k, v in data.items()} for s in range(0, stop, step)]

@@ -16,8 +16,10 @@ import onnx
 from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
+from netquant.export.dynamic import make_dynamic
 from netquant.export.opset import (
     ai_onnx_opset,
+    check_opset_request,
     check_same_outputs,
     lower_ir_version,
     model_bytes,
@@ -29,6 +31,12 @@ from netquant.export.ort_kernels import (
     ort_optimized_op_types,
     ort_runtime_qdq,
     saved_op_types,
+)
+from netquant.export.ort_patterns import (
+    drop_zero_weight_zero_points,
+    gather_int8_rows,
+    keep_qdq_matmul_bias_apart,
+    q_attention,
 )
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.slots import Exportable, check_deployable, unwrap
@@ -211,7 +219,7 @@ def quant_state(qgraph: QuantizedGraph) -> tuple[Any, ...]:
             configs.append((id(c), c.state, c.spec, c.effective_pair_limit, id(r), r.state,
                             None if p is None else (id(p), tensor(p.scale), tensor(p.zero_point))))
         configs.append(name)
-    return graph_state(qgraph.graph), tuple(configs), id(qgraph.platform)
+    return graph_state(qgraph.graph), tuple(configs), id(qgraph.platform), tuple(sorted(qgraph.dynamic_ops))
 
 
 _LAST_BUILD: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], tuple[onnx.ModelProto, QdqBuilder, int]]] = \
@@ -241,6 +249,7 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None, feeds: dict
 
 def _build(qgraph: QuantizedGraph, opset: int | None,
            feeds: dict[str, Any] | None) -> tuple[onnx.ModelProto, QdqBuilder, int]:
+    check_opset_request(opset)
     check_deployable(qgraph)
     need = required_opset(qgraph)
     if opset is not None and opset < need:
@@ -253,6 +262,15 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     builder = QdqBuilder(qgraph, model, external=base.big)
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
+    rewritten = bool(qgraph.dynamic_ops and make_dynamic(model, qgraph.dynamic_ops))
+    if qgraph.platform.validation is Validation.ONNXRUNTIME:  # exact rewrites for onnxruntime's fusions
+        keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
+        rewritten = gather_int8_rows(model) > 0 or rewritten
+        rewritten = q_attention(model) > 0 or rewritten
+        drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))
+    if rewritten:  # the stats count what the file holds
+        ops = Counter(n.op_type for n in model.graph.node)
+        builder.stats.quantize_nodes, builder.stats.dequantize_nodes = ops["QuantizeLinear"], ops["DequantizeLinear"]
     # an old IR (3: initializers listed as inputs) cannot hold the upgraded opset's Q/DQ initializers
     model.ir_version = max(model.ir_version, onnx.helper.find_min_ir_version_for(list(model.opset_import),
                                                                                  ignore_unknown=True))
@@ -263,6 +281,12 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
                                             "netquant.platform": platform})
     return model, builder, source
+
+
+def _rank(qgraph: QuantizedGraph, name: str) -> int | None:
+    """Rank of value `name` of the quantized graph, None when unknown or not a value of it."""
+    shape = qgraph.graph.value(name).shape
+    return None if shape is None else len(shape)
 
 
 def _version() -> str:

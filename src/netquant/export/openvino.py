@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -131,15 +132,24 @@ class OpenVinoRun:
 
 # The child imports only openvino and numpy: it converts (and saves) the model, compiles it on CPU, runs the
 # batches and writes outputs + runtime layer precisions. argv: model, feeds.npz, result folder, [ir.xml]
+# Telemetry off: openvino.convert_model starts openvino_telemetry, which (without a consent file, as OVC asks for no
+# opt-in) sends usage events to Google Analytics over HTTPS and writes ~/intel. Every OVC import of it falls back to
+# OpenVINO's own no-op stub on ImportError, which a None entry in sys.modules gives (as if it were not installed).
 _CHILD = r"""
 import json, sys
+sys.modules["openvino_telemetry"] = None
 import numpy as np
 import openvino as ov
 model_path, feeds_path, result, xml = sys.argv[1], sys.argv[2], sys.argv[3], (sys.argv[4:] or [""])[0]
 core = ov.Core()
 model = ov.convert_model(model_path)
 if xml:
-    ov.save_model(model, xml, compress_to_fp16=False)
+    try:
+        ov.save_model(model, xml, compress_to_fp16=False)
+    except Exception as exc:  # disk full, no permission: the file system, not the model (exit status SAVE_FAILED)
+        sys.stderr.write("netquant: cannot save the IR: %s\n" % ((str(exc).strip().splitlines() or [""])[-1]
+                                                                or type(exc).__name__))
+        sys.exit(3)
     model = core.read_model(xml)
 compiled = core.compile_model(model, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": "1",
                                              "NUM_STREAMS": "1"})
@@ -185,12 +195,31 @@ def run_in_openvino(model_path: str | os.PathLike[str], batches: Sequence[dict[s
         except subprocess.TimeoutExpired as exc:
             raise ExportError(f"OpenVINO did not finish compiling and running the model for '{where}' within "
                               f"{timeout:.0f} s; no file written") from exc
+        if proc.returncode == SAVE_FAILED and xml_path is not None:
+            raise ExportError(_save_failure(where, Path(xml_path), proc.stderr))
         if proc.returncode != 0:
             raise ExportError(_child_failure(where, proc.returncode, proc.stderr))
         info = json.loads((Path(tmp) / "run.json").read_text())
         with np.load(Path(tmp) / "outputs.npz") as data:
             outputs = [{n: data[f"{b}:{n}"] for n in info["names"]} for b in range(info["batches"])]
     return OpenVinoRun(outputs=outputs, layers=dict(info["layers"]), version=str(info["version"]).split("-")[0])
+
+
+SAVE_FAILED = 3  # the child's exit status when ov.save_model cannot write the IR
+
+
+def _save_failure(where: str, xml: Path, stderr: str) -> str:
+    """The message for an IR the child could not write: the folder (its free space), not the model, is at fault."""
+    folder = xml.parent
+    reason = next((line.split("cannot save the IR:", 1)[1].strip() for line in stderr.splitlines()
+                   if "cannot save the IR:" in line), "") or "no message"
+    try:
+        n = shutil.disk_usage(folder).free
+        free = f"; {n / 1e6:.1f} MB free there" if n >= 1e6 else f"; {n / 1e3:.0f} kB free there"
+    except OSError:
+        free = ""
+    return (f"writing OpenVINO IR '{where}' (.xml + .bin) into folder '{folder}' failed (OpenVINO: {reason}{free}); "
+            "the model converted fine: free some space or give -o a path on another disk. No file written.")
 
 
 def _child_failure(where: str, returncode: int, stderr: str) -> str:

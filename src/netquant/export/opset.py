@@ -19,6 +19,23 @@ def ai_onnx_opset(model: onnx.ModelProto) -> int:
     return 1
 
 
+MIN_QDQ_OPSET = 10  # QuantizeLinear / DequantizeLinear (per-tensor); per-axis scales need 13
+
+
+def check_opset_request(opset: int | None, option: str = "opset") -> None:
+    """ConfigError before any work for an export opset no file can have: below MIN_QDQ_OPSET or above the newest
+    the installed onnx knows (onnxruntime of the same release runs up to it)."""
+    if opset is None:
+        return
+    newest = onnx.defs.onnx_opset_version()
+    if not isinstance(opset, int) or isinstance(opset, bool) or not MIN_QDQ_OPSET <= opset <= newest:
+        from netquant.errors import ConfigError
+
+        raise ConfigError(f"{option} {opset!r} is out of range: QDQ files need opset {MIN_QDQ_OPSET} or newer (13 for "
+                          f"per-channel weights) and the installed onnx {onnx.__version__} knows opsets up to "
+                          f"{newest}; give one in {MIN_QDQ_OPSET}..{newest}, or leave it out (the model's, at least 13)")
+
+
 _BIG_INITIALIZER_BYTES = 1024  # initializers above this size travel around the converter, not through it
 
 

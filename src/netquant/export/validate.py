@@ -173,7 +173,7 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     names = [m.name for m in sess.get_outputs()]
     for i, feeds in enumerate(batches):
         got = _run_ort(sess, feeds, where)
-        torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
         with torch.no_grad():
             fq = fq_ex.run(torch_feeds)
             fp = cached[i] if cached is not None else fp_ex.run(torch_feeds)  # type: ignore[union-attr]

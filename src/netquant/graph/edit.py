@@ -10,6 +10,7 @@ import numpy as np
 import onnx
 import torch
 
+from netquant.errors import ModelError, NetquantError
 from netquant.graph.ir import Graph, Node
 from netquant.graph.pattern import match_chains
 
@@ -142,8 +143,16 @@ def fold_constants(graph: Graph) -> int:
         ctx = OpContext(op_type=node.op_type, name=node.name, domain=domain, opset=opset,
                         num_outputs=len(node.outputs))
         args = [graph.initializers[i] if i else None for i in node.inputs]
-        with torch.inference_mode():
-            outs = fn(args, node.attrs, ctx)
+        try:
+            with torch.inference_mode():
+                outs = fn(args, node.attrs, ctx)
+        except NetquantError:
+            raise
+        except Exception as exc:  # an op on constant inputs fails: the model is invalid, whatever the data
+            first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+            raise ModelError(f"graph '{graph.name}': node '{node.name}' ({node.op_type}) fails on its constant inputs "
+                             f"({', '.join(i for i in node.inputs if i)}): {first}; the model is invalid (onnxruntime fails "
+                             "on it too): fix or re-export it") from exc
         if not all(isinstance(o, torch.Tensor) for o in outs):
             continue
         for name, out in zip(node.outputs, outs):

@@ -119,6 +119,7 @@ def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.Mod
         raise ModelError(f"{where}: not a valid ONNX protobuf, the file is truncated or corrupt ({exc}); "
                          f"re-export or re-download it") from exc
     if load_external_data:
+        _check_external_files(model, path, where)
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
@@ -127,12 +128,38 @@ def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.Mod
     return model, where
 
 
-def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True) -> Graph:
+def _check_external_files(model: onnx.ModelProto, path: Path, where: str) -> None:
+    """ModelError naming the tensor and file when an external data file is missing or shorter than a tensor's
+    offset + length says (a truncated copy or download), before onnx reads it."""
+    from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
+
+    for t in _get_all_tensors(model):
+        if not uses_external_data(t):
+            continue
+        info = ExternalDataInfo(t)
+        file = path.parent / info.location
+        if not file.is_file():
+            raise ModelError(f"{where}: tensor '{t.name}' is stored in '{file}', which does not exist; keep the "
+                             "model's data file(s) in the same folder as the .onnx file, under the names it refers to")
+        size = file.stat().st_size
+        offset = int(info.offset or 0)
+        if offset > size or (info.length is not None and offset + int(info.length) > size):
+            need = offset + int(info.length or 0)
+            raise ModelError(f"{where}: data file '{file}' holds {size} bytes but tensor '{t.name}' needs bytes "
+                             f"{offset}..{need}: the file is truncated (an interrupted copy or download?); copy or "
+                             "download it again")
+
+
+def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True,
+              overridable_inputs: bool = True) -> Graph:
     """Load an ONNX model (path, bytes or ModelProto) into a Graph.
 
     ModelError on a missing / malformed file, a model without graph, a node reading an undefined value
     (missing initializer) or a cycle.  Shapes and dtypes of intermediate values come from onnx shape
     inference (best effort: a model onnx cannot infer still loads, with fewer known shapes).
+    overridable_inputs: keep graph inputs that name an initializer (IR >= 4, e.g. torch.onnx.export(...,
+    keep_initializers_as_inputs=True)) as inputs a caller may feed (Graph.initializer_inputs, saved back); False:
+    plain initializers, as onnxruntime runs them when they are not fed (quantization: the weights are constants).
     """
     model, where = _read_model(source, load_external_data)
     if not model.HasField("graph"):
@@ -141,6 +168,8 @@ def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_d
     if "" not in opsets and model.ir_version < 3:
         opsets[""] = 1
     graph = graph_from_proto(model.graph, opsets, where=where)
+    if not overridable_inputs:
+        graph.initializer_inputs = []
     info = ModelInfo(ir_version=model.ir_version, producer_name=model.producer_name,
                      producer_version=model.producer_version, domain=model.domain,
                      model_version=model.model_version, doc_string=model.doc_string,

@@ -138,21 +138,30 @@ def to_onnx(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
 
 
 def fill_output_shapes(model: onnx.ModelProto, graph: Graph) -> list[str]:
-    """Give main-graph outputs declared without a shape (legal, rank unknown) the shape shape inference
-    found, as onnx.checker requires for a model's outputs; returns the outputs whose rank stays unknown."""
+    """Give main-graph outputs declared without a shape, element type or any type (onnxruntime runs them) the type
+    shape inference found, as onnx.checker requires for a model's outputs; returns the outputs whose type stays
+    incomplete."""
     unknown = []
     for vi in model.graph.output:
-        tt = vi.type.tensor_type if vi.type.WhichOneof("value") == "tensor_type" else None
-        if tt is None or tt.HasField("shape"):
+        kind = vi.type.WhichOneof("value")
+        if kind not in (None, "tensor_type"):
+            continue
+        tt = vi.type.tensor_type
+        if kind == "tensor_type" and tt.HasField("shape") and tt.elem_type:
             continue
         inferred = graph.value_info.get(vi.name)
-        if inferred is None or inferred.shape is None:
+        elem = tt.elem_type or (inferred.elem_type or (onnx_elem_type(inferred.dtype) if inferred.dtype is not None
+                                                       else None) if inferred is not None else None)
+        if kind == "tensor_type" and tt.HasField("shape"):
+            shape: tuple[int | str | None, ...] | None = tuple(
+                d.dim_value if d.HasField("dim_value") else d.dim_param or None for d in tt.shape.dim)
+        else:
+            shape = inferred.shape if inferred is not None else None
+        if not elem or shape is None:
             unknown.append(vi.name)
             continue
-        elem = tt.elem_type
-        vi.CopyFrom(value_to_proto(inferred))
-        if elem:
-            vi.type.tensor_type.elem_type = elem
+        doc = vi.doc_string
+        vi.CopyFrom(value_to_proto(Value(vi.name, elem_type=elem, shape=shape, doc_string=doc)))
     return unknown
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from netquant.errors import ConfigError
+from netquant.errors import ConfigError, ModelError
 from netquant.nn.modules import FLOAT_TO_QUANT, FUNCTIONAL_SITES, QuantModule
 from netquant.nn.quantizer import TensorQuantizer
 from netquant.nn.rules import ModelQuantConfig, dynamic_config
@@ -24,6 +24,11 @@ def quantize_model(model: nn.Module, config: ModelQuantConfig | None = None, *,
     """
     if not isinstance(model, nn.Module):
         raise ConfigError(f"quantize_model expects a torch.nn.Module, got {type(model).__name__}")
+    meta = next((n for n, t in (*model.named_parameters(), *model.named_buffers()) if t.is_meta), None)
+    if meta is not None:
+        raise ModelError(f"quantize_model: {type(model).__name__} has tensor '{meta}' on the 'meta' device (a shape "
+                         "without values, e.g. built under torch.device('meta')), so its weights cannot be calibrated; "
+                         "load them first, e.g. model.to_empty(device='cpu') then model.load_state_dict(...)")
     config = config or ModelQuantConfig.int8_tensorrt()
     if not isinstance(config, ModelQuantConfig):
         raise ConfigError(f"quantize_model: config must be a ModelQuantConfig, got {type(config).__name__}")

@@ -3,7 +3,8 @@
 Each enabled quantizer becomes QuantizeLinear -> DequantizeLinear (per-channel weights carry their
 ``axis``, per-group weights a ``block_size`` at opset 21).  Weights enter already fake-quantized,
 so the exported integers equal ours whatever the rounding policy; activations use ONNX's
-round-half-even.  Export goes through ``torch_to_onnx``, netquant's one torch -> ONNX path (torch.onnx's
+round-half-even.  A weight's Q -> DQ pair is then folded into an initializer of its quantized type (int4 / int8 /
+FP8 ...) read by the DequantizeLinear (netquant.nn.integer_weights), so files shrink with the bits.  Export goes through ``torch_to_onnx``, netquant's one torch -> ONNX path (torch.onnx's
 torch.export-based exporter at opset EXPORT_OPSET = 21, also used by ``netquant.api.quantize_torch``),
 with a custom translation of the ``netquant::qdq`` op; the file is written whole or not at all.
 """
@@ -14,6 +15,7 @@ import contextlib
 import logging
 import math
 import os
+import re
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -27,6 +29,7 @@ from netquant.atomic import atomic_path
 from netquant.errors import ExportError
 from netquant.nn import _qdq_op  # noqa: F401  (registers netquant::qdq)
 from netquant.nn.convert import name_quantizers, quant_modules, quantizers
+from netquant.nn.integer_weights import fold_weight_qdq
 from netquant.nn.quantizer import EXPORTING, QuantMode
 
 EXPORT_OPSET = 21
@@ -141,20 +144,38 @@ def torch_to_onnx(model: nn.Module, args: tuple[Any, ...], *, opset: int = EXPOR
         proto = program.model_proto
         onnx.checker.check_model(proto)
     except Exception as exc:  # torch.onnx raises many kinds; report them as one
-        raise ExportError(f"{what}: torch.onnx could not export {type(model).__name__}: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        raise ExportError(f"{what}: torch.onnx could not export {type(model).__name__}: {_root_cause(exc)}") from exc
     produced = next((o.version for o in proto.opset_import if o.domain in ("", "ai.onnx")), None)
     if produced != opset:
         raise ExportError(f"{what}: asked for opset {opset} but torch.onnx produced opset {produced}")
     return proto
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def _root_cause(exc: BaseException) -> str:
+    """'Type: first line' of the innermost exception torch.onnx chained (the wrappers only say which of its steps
+    failed), without terminal colour codes, at most 300 characters."""
+    seen: set[int] = set()
+    while exc.__cause__ is not None and id(exc.__cause__) not in seen:
+        seen.add(id(exc))
+        exc = exc.__cause__
+    text = _ANSI.sub("", str(exc)).strip()
+    first = text.splitlines()[0] if text else ""
+    return f"{type(exc).__name__}: {first[:300]}"
+
+
 def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], path: str | os.PathLike[str], *,
                 opset: int = EXPORT_OPSET, input_names: Sequence[str] | None = None,
-                output_names: Sequence[str] | None = None, dynamic_batch: bool = True) -> Path:
+                output_names: Sequence[str] | None = None, dynamic_batch: bool = True,
+                integer_weights: bool = True) -> Path:
     """Export ``model`` (quantized, calibrated) to a QDQ ONNX file at ``path``; returns the path.
 
     ``dynamic_batch`` makes dim 0 of every tensor input symbolic (give an example batch >= 2).
+    ``integer_weights`` stores quantized weights as initializers of their quantized type read by DequantizeLinear
+    (int4 / int8 / FP8 as their spec says, netquant.nn.integer_weights; after QAT too); False keeps float
+    weights -> QuantizeLinear.  MatMulNBits files for onnxruntime: netquant.export_weight_only.
     Raises ExportError naming uncalibrated quantizers, or when torch.onnx cannot export the model.
     """
     _check_opset(opset, "export_onnx")
@@ -181,6 +202,8 @@ def export_onnx(model: nn.Module, example_inputs: torch.Tensor | Sequence[Any], 
         for quantizer in stashed:
             quantizer._export_plan = None
         model.train(was_training)
+    if integer_weights:
+        fold_weight_qdq(proto)
     _write_atomically(proto, path)
     return path
 

@@ -10,6 +10,7 @@ model's static dims.  Errors name the input and the expected shape.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -22,6 +23,10 @@ from netquant.graph import Graph, Value
 Batch = dict[str, torch.Tensor]
 
 
+class ConstantDataWarning(UserWarning):
+    """A float calibration input holds one value only (all zeros, a constant): its ranges describe no real input."""
+
+
 def describe_shape(v: Value) -> str:
     if v.shape is None:
         return "[unknown]"
@@ -30,12 +35,14 @@ def describe_shape(v: Value) -> str:
 
 def _to_tensor(x: Any, what: str) -> torch.Tensor:
     if isinstance(x, torch.Tensor):
-        return x.detach()
+        return x.detach().clone() if x.is_inference() else x.detach()  # (inference tensors: read-only elsewhere)
+    if isinstance(x, np.generic):  # a numpy scalar (one sample of a 0-d input)
+        x = np.asarray(x)
     if isinstance(x, np.ndarray):
         if x.dtype == object or not (np.issubdtype(x.dtype, np.number) or x.dtype == np.bool_):
             raise DataError(f"{what}: numpy arrays of dtype {x.dtype} cannot be used; give a numeric array")
         try:
-            return torch.from_numpy(np.ascontiguousarray(x))
+            return torch.from_numpy(np.ascontiguousarray(x).reshape(x.shape))  # (ascontiguousarray makes 0-d 1-d)
         except TypeError as exc:  # numeric dtypes torch lacks (e.g. ml_dtypes' float8, int4)
             raise DataError(f"{what}: numpy arrays of dtype {x.dtype} cannot be used ({exc}); give a "
                             "float32 or integer array") from exc
@@ -61,6 +68,8 @@ class CalibrationData:
         self.max_batches = max_batches
         self._data = data
         self._materialized: list[Batch] | None = None
+        self._ranges: dict[str, tuple[float, float]] = {}  # float inputs: (min, max) over the batches checked
+        self._warned = False
         if isinstance(data, (np.ndarray, torch.Tensor, Mapping)):
             self._materialized = list(self._split(self._as_batch(data, 0)))
         elif isinstance(data, (str, bytes)) or not isinstance(data, Iterable):
@@ -75,6 +84,7 @@ class CalibrationData:
             if not self._materialized:
                 raise CalibrationError(f"the calibration set is empty; give at least one batch for "
                                        f"{self.expected()}")
+            self._warn_constant()
 
     def expected(self) -> str:
         return ", ".join(f"'{v.name}' {describe_shape(v)} {_dtype_name(v.dtype)}" for v in self.inputs)
@@ -100,6 +110,22 @@ class CalibrationData:
             n += 1
         if n == 0:
             raise CalibrationError(f"the calibration set is empty; give at least one batch for {self.expected()}")
+        self._warn_constant()
+
+    def constant_inputs(self) -> dict[str, float]:
+        """Float inputs whose every value seen so far is one number, with that number."""
+        return {k: lo for k, (lo, hi) in self._ranges.items() if lo == hi}
+
+    def _warn_constant(self) -> None:
+        """ConstantDataWarning (once) naming each float input that held a single value in every batch."""
+        if self._warned:
+            return
+        self._warned = True
+        for name, value in self.constant_inputs().items():
+            warnings.warn(ConstantDataWarning(
+                f"calibration input '{name}' is constant (every value is {value:g}): the activation ranges "
+                "calibrated from it describe no real input, so the quantized model will be wrong on real data; "
+                "give representative samples (ignore this only if the input is constant by design)"), stacklevel=3)
 
     # ---- conversion and checks -------------------------------------------------------------
     def _split(self, batch: Batch) -> Iterator[Batch]:
@@ -140,6 +166,11 @@ class CalibrationData:
                             f"the model takes {self.expected()}")
         for v in self.inputs:
             self._check(v, tensors[v.name], where)
+            t = tensors[v.name]
+            if t.is_floating_point() and t.numel():
+                lo, hi = float(t.min()), float(t.max())
+                old = self._ranges.get(v.name)
+                self._ranges[v.name] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         return tensors
 
     def _check(self, v: Value, t: torch.Tensor, where: str) -> None:

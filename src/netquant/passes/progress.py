@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from rich.console import Console
@@ -35,6 +36,11 @@ class ProgressReporter:
     def track(self, items: Iterable[T], description: str, total: int | None = None) -> Iterator[T]:
         """Iterate `items` (a pass's inner loop, e.g. calibration batches), reporting each step."""
         yield from items
+
+    @contextmanager
+    def stage(self, description: str) -> Iterator[None]:
+        """A step of unknown length (placement, export) shown with its elapsed time while it runs."""
+        yield
 
 
 class RichProgress(ProgressReporter):
@@ -73,6 +79,14 @@ class RichProgress(ProgressReporter):
             yield item
             self._progress.advance(task)
         self._progress.update(task, total=self._progress.tasks[task].completed)
+
+    @contextmanager
+    def stage(self, description: str) -> Iterator[None]:
+        task = self._progress.add_task(description, total=None)
+        try:
+            yield
+        finally:
+            self._progress.update(task, total=1, completed=1)
 
 
 def make_progress(quiet: bool, console: Console | None = None) -> ProgressReporter:

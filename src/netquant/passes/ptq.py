@@ -17,6 +17,7 @@ from netquant.passes.calibration import CalibrationPass
 from netquant.passes.check import DeployabilityCheck
 from netquant.passes.check_data import CheckDataPass
 from netquant.passes.cleanup import CleanupPass
+from netquant.passes.embeddings import EmbeddingPass
 from netquant.passes.manager import PassManager
 from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
@@ -34,6 +35,7 @@ def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[Pas
         AlignmentPass(),
         BiasPass(),
         BiasCorrectionPass(),
+        EmbeddingPass(),
         *extra,
         DeployabilityCheck(),
     ]

@@ -129,6 +129,9 @@ class QuantizedGraph:
         # bias correction pass: bias tensor -> its FP32 value (the graph holds the corrected one; FP32 runs restore it)
         self.bias_corrections: dict[str, BiasCorrection] = {}
         self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
+        # placement: MatMul ops whose activation input is quantized at run time in the export (export.dynamic;
+        # the executor's fake quantization keeps their calibrated static params)
+        self.dynamic_ops: set[str] = set()
 
     @property
     def graph(self) -> Graph:

@@ -128,7 +128,9 @@ class Quantizer:
         quantized_out: set[str] = set()  # tensors surely quantized at their producer (forward view)
         for node in graph.nodes:
             rule = self.platform.rule(node.op_type)
-            if node.domain not in ("", "ai.onnx"):
+            if rule is not None and rule.domain and node.domain != rule.domain:
+                rule = None  # the rule is for another domain's op of that name (com.microsoft Attention)
+            if node.domain not in ("", "ai.onnx") and (rule is None or node.domain != rule.domain):
                 if rule is not None:
                     self._warn(node, f"domain '{node.domain}' is not ai.onnx")
                 continue

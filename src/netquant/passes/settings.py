@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
@@ -38,6 +39,16 @@ class Objective(enum.StrEnum):
                               f"rules only), got {value!r}") from None
 
 
+@dataclass(frozen=True)
+class LowerIsBetter:
+    """A lower-is-better metric as the higher-is-better score placement compares: -metric(outputs, target)."""
+
+    metric: Callable[[Any, Any], float]
+
+    def __call__(self, outputs: Any, target: Any) -> float:
+        return -float(self.metric(outputs, target))
+
+
 @dataclass
 class QuantSettings:
     """Settings of quantize_onnx / quantize_torch / `netquant quantize`.
@@ -56,13 +67,18 @@ class QuantSettings:
         (torch thread count).  None = the observer's exact range.
     bias_correction: fold the mean output shift of weight quantization into the biases
         (passes.bias_correction); None = the platform's default (Platform.bias_correction).
+    embeddings: store embedding tables (Gather of a float initializer of at least EMBEDDING_MIN_ELEMENTS) in int8
+        with one scale per row (passes.embeddings); None = the platform's default (Platform.embeddings).
     objective: automatic placement (Objective; None = the platform's rules only, no measurement).
     max_loss: the accuracy budget of placement: 1 - output cosine vs FP32 by default, or with `metric` the allowed
-        drop of metric(outputs, target) (higher is better) on `eval_data` ((inputs, target) pairs); None = the
+        drop of metric(outputs, target) on `eval_data` ((inputs, target) pairs), in the metric's units; None = the
         objective's default.
+    higher_is_better: `metric` grows with quality (accuracy; the default); False for an error (a loss, WER): then
+        max_loss is the allowed rise of the metric.
     placement_from: a placement file (JSON, QuantizedModel.save_placement) to re-apply instead of measuring.
-    placement_time_s: cap on placement's profiling and sensitivity seconds (None: as long as quantization took
-        before it, at least 5 s).
+    placement_time_s: cap on placement's profiling and sensitivity seconds (None: 15% of the quantization time
+        before it, at least 0.25 s; where the per-region search decides, half of that time, at least 1.5 s). A soft
+        cap: the whole-model timings and the FP32 and all-INT8 profiles run whatever it is.
     calib_stack_mb: batched calibration (passes.calib_stack): equal-shape calibration batches run stacked, as many
         samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
         unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
@@ -90,12 +106,14 @@ class QuantSettings:
     device: str = "cpu"
     range_bits: int | None = 8
     bias_correction: bool | None = None  # None: the platform's choice (Platform.bias_correction)
+    embeddings: bool | None = None  # None: the platform's choice (Platform.embeddings)
     target: CpuTarget | str | None = None
     weight_scheme: WeightScheme | str | None = None
     objective: Objective | str | None = Objective.BALANCED
     max_loss: float | None = None
     metric: Callable[[Any, Any], float] | None = None
     eval_data: Any = None
+    higher_is_better: bool = True
     placement_from: str | os.PathLike[str] | None = None
     placement_time_s: float | None = None
     calib_stack_mb: float = 256.0
@@ -130,10 +148,22 @@ class QuantSettings:
             self.weight_scheme = WeightScheme.parse(self.weight_scheme)
         if self.objective is not None:
             self.objective = Objective.parse(self.objective)
-        if self.max_loss is not None and (not isinstance(self.max_loss, (int, float)) or self.max_loss < 0):
-            raise ConfigError(f"max_loss must be None or a number >= 0, got {self.max_loss!r}")
+        if self.max_loss is not None and (not isinstance(self.max_loss, (int, float)) or isinstance(self.max_loss, bool)
+                                          or not math.isfinite(self.max_loss) or self.max_loss < 0):
+            raise ConfigError(f"max_loss (--max-loss) must be None or a finite number >= 0 (1 - output cosine vs "
+                              f"FP32, e.g. 0.02), got {self.max_loss!r}")
+        if self.objective is None and self.placement_from is None and \
+                (self.max_loss is not None or self.metric is not None):
+            what = "max_loss (--max-loss)" if self.max_loss is not None else "metric / eval_data"
+            raise ConfigError(f"{what} is the accuracy budget of automatic placement, but objective is None "
+                              "(--objective none: the platform's rules only, nothing is measured, so the budget would "
+                              "be ignored); choose an objective (latency, balanced, accuracy) or drop " + what)
         if self.metric is not None and not callable(self.metric):
             raise ConfigError(f"metric must be a callable metric(outputs, target) -> float, got {self.metric!r}")
+        if not isinstance(self.higher_is_better, bool):
+            raise ConfigError(f"higher_is_better must be True or False, got {self.higher_is_better!r}")
+        if self.metric is not None and not self.higher_is_better and not isinstance(self.metric, LowerIsBetter):
+            self.metric = LowerIsBetter(self.metric)  # placement's loss: the drop of a higher-is-better score
         if (self.metric is None) != (self.eval_data is None):
             raise ConfigError("metric and eval_data go together: metric(outputs, target) -> float is averaged over "
                               "eval_data, an iterable of (inputs, target) pairs")

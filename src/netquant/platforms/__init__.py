@@ -18,12 +18,22 @@ from netquant.platforms.platform import (
     known_op_types,
     standard_rule,
 )
-from netquant.platforms.registry import get_platform, list_platforms, register_platform, unregister_platform
+from netquant.platforms.registry import (
+    ENTRY_POINT_GROUP,
+    PlatformPluginWarning,
+    get_platform,
+    list_platforms,
+    load_entry_point_platforms,
+    register_platform,
+    unregister_platform,
+)
 
 register_builtin_platforms()
 
 __all__ = [
     "BUILTIN_PLATFORMS",
+    "ENTRY_POINT_GROUP",
+    "PlatformPluginWarning",
     "ExportFormat",
     "OpRole",
     "OpRule",
@@ -33,6 +43,7 @@ __all__ = [
     "int32_bias_spec",
     "known_op_types",
     "list_platforms",
+    "load_entry_point_platforms",
     "register_platform",
     "standard_rule",
     "unregister_platform",

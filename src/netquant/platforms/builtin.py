@@ -83,6 +83,10 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
                                     requires_quantized_input_if=depthwise_or_small(ORT_MIN_CONV_MACS)),
         COMPUTE_RULES["MatMul"].with_(output=OutputPolicy.WHEN_CONSUMED, requires_weight=True),
         COMPUTE_RULES["Gemm"].with_(output=OutputPolicy.WHEN_CONSUMED),
+        # com.microsoft Attention (onnxruntime.transformers.optimizer graphs): uint8 input and int8 per-column
+        # weights [H, 3H], float bias and output; exported as QAttention (export.ort_patterns.q_attention)
+        OpRule("Attention", OpRole.COMPUTE, (0, 1), weight_input=1, weight_axis=-1, output=OutputPolicy.NEVER,
+               requires_weight=True, domain="com.microsoft"),
         OpRule("Relu", OpRole.ACTIVATION),
         OpRule("Clip", OpRole.ACTIVATION),
         *_std(_ORT_MOVE_OPS, requires_quantized_input=True),
@@ -105,7 +109,11 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
     safe_weight_scheme=WeightScheme.INT8_PAIR_LIMITED,
     knows_weight_packing=True,
     validation=Validation.ONNXRUNTIME,
+    # word / position embedding tables int8 per row (a transformer's largest tensors; ORT quantize_dynamic
+    # quantizes them too): measured in benchmarks/results/transformers.md
+    embeddings=True,
     aliases=("onnxruntime", "ort"),
+    engine="onnxruntime",
 ))
 
 
@@ -137,6 +145,8 @@ TENSORRT_INT8 = _builtin(Platform(
     activation_observer="percentile",
     weight_observer="minmax",
     aliases=("tensorrt", "trt"),
+    engine="TensorRT",
+    files=(".onnx", ".cache"),
 ))
 
 
@@ -235,6 +245,8 @@ OPENVINO_INT8 = _builtin(OpenVinoPlatform(
     bias_correction=True,
     validation=Validation.OPENVINO,
     aliases=("openvino",),
+    engine="OpenVINO",
+    files=(".xml", ".bin", ".onnx"),
 ))
 
 
@@ -316,6 +328,8 @@ TFLITE_INT8 = _builtin(Platform(
     weight_observer="minmax",
     op_hook=tflite_fixed_outputs,
     aliases=("tflite", "litert"),
+    engine="LiteRT",
+    files=(".tflite",),
 ))
 
 
@@ -342,6 +356,8 @@ NCNN_INT8 = _builtin(Platform(
     activation_observer="percentile",
     weight_observer="minmax",
     aliases=("ncnn",),
+    engine="ncnn",
+    files=(".param", ".bin", ".table"),
 ))
 
 
@@ -379,6 +395,7 @@ QNN_DSP = _builtin(Platform(
     weight_observer="minmax",
     wider=WiderFormat(QuantSpec(bits=16, signed=False, symmetric=False), label="uint16 activations (A16W8)"),
     aliases=("snpe", "qnn"),
+    engine="Qualcomm QNN / SNPE",
 ))
 
 

@@ -72,6 +72,7 @@ class OpRule:
     requires_quantized_input: quantize only when every activation input is already quantized
         upstream (the engine then runs the op on integers without an extra Quantize).
     requires_weight: quantize only when weight_input is a constant (MatMul with a weight matrix).
+    domain: the op's domain when it is not ai.onnx ('com.microsoft'); the rule applies to that domain's op only.
     """
 
     op_type: str
@@ -85,6 +86,7 @@ class OpRule:
     requires_weight: bool = False
     # per-node refinement: when it returns True for (node, weight), the op also requires quantized input
     requires_quantized_input_if: Callable[[Node, torch.Tensor | None], bool] | None = None
+    domain: str = ""  # the op's domain when not ai.onnx (com.microsoft Attention); other domains' ops do not match
 
     def needs_quantized_input(self, node: Node, weight: torch.Tensor | None) -> bool:
         if self.requires_quantized_input:
@@ -233,9 +235,27 @@ class Platform:
     validation: Validation = Validation.QDQ_REFERENCE
     # fold the mean output shift of weight quantization into the biases (netquant.passes.bias_correction)
     bias_correction: bool = False
+    # embedding tables (Gather of a large float initializer) stored int8, one scale per row (passes.embeddings)
+    embeddings: bool = False
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
     # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
     wider: WiderFormat | None = None
+    # the engine that runs this platform's files ("" : named after `validation`) and the files it runs (-o suffixes;
+    # shown by `netquant platforms`)
+    engine: str = ""
+    files: tuple[str, ...] = (".onnx",)
+
+    @property
+    def engine_name(self) -> str:
+        """The engine in words: `engine`, else what checks its ONNX files (validation_engine)."""
+        return self.engine or self.validation_engine
+
+    @property
+    def validation_engine(self) -> str:
+        """What checks this platform's ONNX files here: onnxruntime, OpenVINO, or the Q/DQ reference (the engine
+        itself does not run here: TensorRT, QNN, ...)."""
+        return {Validation.ONNXRUNTIME: "onnxruntime", Validation.OPENVINO: "OpenVINO"}.get(
+            self.validation, "Q/DQ reference")
 
     @property
     def export_format(self) -> ExportFormat:
@@ -354,6 +374,15 @@ class Platform:
             in_axis = 1 - axis if weight_rank == 2 else axis
             return spec.with_(axis=in_axis)
         return spec.with_(axis=axis)
+
+    def format_label(self) -> str:
+        """How summaries name the platform's own quantized format: 'INT8' for int8 weights and activations, else
+        e.g. 'int4 (W4A4)', 'fp8 (W8A8)', 'W4A8'."""
+        w, a = self.weight, self.activation
+        kind = "fp" if w.is_float else "int"
+        if w.bits == a.bits and w.is_float == a.is_float:
+            return "INT8" if (kind, w.bits) == ("int", 8) else f"{kind}{w.bits} (W{w.bits}A{a.bits})"
+        return f"W{w.bits}A{a.bits}"
 
     def scheme(self) -> str:
         """One line describing the scheme (for `netquant platforms`)."""

@@ -42,7 +42,7 @@ def validate_ncnn(qgraph: QuantizedGraph, int8: NcnnRunner, fp32: NcnnRunner | N
     for feeds in batches:
         got = int8.run_batch(feeds, input_blobs, output_blobs)
         ref = fp32.run_batch(feeds, input_blobs, output_blobs) if fp32 is not None else None
-        torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
         with torch.no_grad():
             fq, fp = fq_ex.run(torch_feeds), fp_ex.run(torch_feeds)
         samples += int(next(iter(feeds.values())).shape[0])

@@ -75,7 +75,7 @@ def record(qgraph: QuantizedGraph, feeds: Mapping[str, np.ndarray]) -> Recorded:
     ex = Executor(graph, fold_constants=False, inplace=False)
     ex.add_post_hook(post)
     with torch.no_grad():
-        ex.run({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()})
+        ex.run({k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()})
     return rec
 
 

@@ -3,7 +3,11 @@ batches every output is as close to FP32 as netquant's fake-quant run (validate.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import os
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,13 +20,41 @@ from netquant.export.tflite.schema import interpreter_class
 from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO, Agreement, agreement_of, rejected
 from netquant.passes.quant_graph import QuantizedGraph
 
+NATIVE_INFO = ("INFO: ",)  # LiteRT's C++ log lines of a normal load ("INFO: Created TensorFlow Lite XNNPACK ...")
+
+
+@contextlib.contextmanager
+def quiet_native_info() -> Iterator[None]:
+    """Run the block with file descriptor 2 (C++ stderr) captured: on success its INFO lines are dropped and anything
+    else is written back to stderr; on failure everything is written back (real errors stay visible)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    ok = False
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+            ok = True
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            lines = captured.read().decode(errors="replace").splitlines(keepends=True)
+            kept = [line for line in lines if not ok or not line.startswith(NATIVE_INFO)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
 
 def load_interpreter(path: str | Path, where: str, threads: int | None = None) -> Any:
-    """A LiteRT Interpreter on `path`, tensors allocated; ExportError naming `where` when LiteRT refuses it."""
+    """A LiteRT Interpreter on `path`, tensors allocated; ExportError naming `where` when LiteRT refuses it. LiteRT's
+    INFO lines of a normal load (the XNNPACK delegate) are not printed (quiet_native_info)."""
     cls = interpreter_class()
     try:
-        interp = cls(model_path=str(path), num_threads=threads)
-        interp.allocate_tensors()
+        with quiet_native_info():
+            interp = cls(model_path=str(path), num_threads=threads)
+            interp.allocate_tensors()
     except Exception as exc:
         raise ExportError(f"exported TFLite model for '{where}' does not load in LiteRT: {exc}") from exc
     return interp
@@ -73,7 +105,7 @@ def compare_with_litert(qgraph: QuantizedGraph, interp: Any, batches: Sequence[d
     runs: dict[str, dict[str, list[np.ndarray]]] = {n: {"lite": [], "fq": [], "fp": []} for n in output_names}
     for feeds in batches:
         got = run_interpreter(interp, feeds, input_names, channels_last, where)
-        tf = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in feeds.items()}
+        tf = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
         with torch.no_grad():
             fq, fp = fq_ex.run(tf), fp_ex.run(tf)
         for name, y in zip(output_names, got):

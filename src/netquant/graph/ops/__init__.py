@@ -18,6 +18,7 @@ from . import (  # noqa: F401
     attention,
     cast,
     contrib,
+    contrib_attention,
     control,
     conv,
     elementwise,

@@ -1,0 +1,216 @@
+"""Block-wise weight quantization for weight-only formats (ONNX `MatMulNBits`, opset-21 blocked DequantizeLinear).
+
+Layout: a MatMul weight W of shape [K, N] (Y = X @ W) is handled as its transpose, rows = the N output channels,
+each row cut into ceil(K / block_size) blocks along K; the last block is zero-padded. Per block b of row n:
+
+    symmetric (signed codes in [-2^(bits-1), 2^(bits-1) - 1], stored with offset zp = 2^(bits-1)):
+        s = amax / (2^(bits-1) - 1) if the extreme value is positive, amax / 2^(bits-1) if it is negative
+        (so the extreme value lands on a code exactly and the extra negative code is used)
+    asymmetric (codes in [0, 2^bits - 1]):
+        lo = min(min(w), 0), hi = max(max(w), 0), s = (hi - lo) / (2^bits - 1), zp = clamp(round(-lo / s))
+    q = clamp(round(w / s) + zp, 0, 2^bits - 1),   w ~ (q - zp) * s
+
+Stored codes are unsigned (as MatMulNBits reads them); `dequantize` gives the float weights an engine computes with.
+All-zero blocks get s = 1 (any positive scale codes zero exactly).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+import torch
+
+from netquant.errors import ConfigError
+
+
+class WeightOnlyFormat(enum.Enum):
+    """How block-quantized weights are written to ONNX."""
+
+    MATMUL_NBITS = "matmulnbits"  # com.microsoft.MatMulNBits / GatherBlockQuantized: onnxruntime's weight-only kernels
+    BLOCKED_DQ = "dq"             # opset-21 blocked DequantizeLinear + MatMul / Gather: any engine that reads int4 DQ
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    """Weight-only format: `bits` (4 or 8), `block_size` (a power of two, 16..256 for MatMulNBits), symmetric or not."""
+
+    bits: int = 4
+    block_size: int = 128
+    symmetric: bool = True
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise ConfigError(f"weight-only bits={self.bits}: use 4 or 8")
+        if self.block_size < 16 or self.block_size & (self.block_size - 1):
+            raise ConfigError(f"weight-only block_size={self.block_size}: use a power of two >= 16 (16..256)")
+
+    @property
+    def levels(self) -> int:
+        return (1 << self.bits) - 1
+
+    @property
+    def offset(self) -> int:
+        """Zero point of symmetric codes (8 for 4 bits, 128 for 8 bits)."""
+        return 1 << (self.bits - 1)
+
+    def blocks(self, k: int) -> int:
+        return math.ceil(k / self.block_size)
+
+
+@dataclass
+class BlockQuantized:
+    """Codes [N, n_blocks * block_size] (uint8 values in [0, 2^bits - 1], padded along K), scales and zero points
+    [N, n_blocks] (float32 / int32), and the unpadded K."""
+
+    codes: torch.Tensor
+    scales: torch.Tensor
+    zero_points: torch.Tensor
+    k: int
+    spec: BlockSpec
+
+    def dequantize(self) -> torch.Tensor:
+        """The float weight [K, N] the engine computes with: (q - zp) * s per block."""
+        n, kp = self.codes.shape
+        b = self.spec.block_size
+        q = self.codes.reshape(n, kp // b, b).to(torch.float32)
+        w = (q - self.zero_points.unsqueeze(-1).to(torch.float32)) * self.scales.unsqueeze(-1)
+        return w.reshape(n, kp)[:, : self.k].t().contiguous()
+
+
+def pad_rows(wt: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Rows [N, K] zero-padded along K to a multiple of block_size."""
+    k = wt.shape[1]
+    pad = (-k) % block_size
+    return torch.nn.functional.pad(wt, (0, pad)) if pad else wt
+
+
+def block_params(blocks: torch.Tensor, spec: BlockSpec, clip: torch.Tensor | float = 1.0
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale and zero point of each block of `blocks` [..., block_size] (module docstring's RTN rule), with the range
+    shrunk by `clip` (a factor in (0, 1], scalar or one per block)."""
+    blocks = blocks.to(torch.float32)
+    if spec.symmetric:
+        hi, lo = blocks.amax(-1), blocks.amin(-1)
+        amax = torch.maximum(hi, -lo) * clip
+        negative_extreme = -lo > hi
+        scale = torch.where(negative_extreme, amax / spec.offset, amax / (spec.offset - 1))
+        zero = torch.full_like(scale, spec.offset, dtype=torch.int32)
+    else:
+        lo = blocks.amin(-1).clamp(max=0) * clip
+        hi = blocks.amax(-1).clamp(min=0) * clip
+        scale = (hi - lo) / spec.levels
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+        zero = torch.round(-lo / safe).clamp(0, spec.levels).to(torch.int32)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return scale, zero
+
+
+def quantize_blocks(blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
+    """Codes q = clamp(round(w / s) + zp, 0, 2^bits - 1) of `blocks` [..., block_size] (round half to even)."""
+    q = torch.round(blocks / scale.unsqueeze(-1)) + zero.unsqueeze(-1).to(torch.float32)
+    return q.clamp(0, spec.levels)
+
+
+def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    return (codes - zero.unsqueeze(-1).to(torch.float32)) * scale.unsqueeze(-1)
+
+
+def _finish(wt_blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k: int, spec: BlockSpec
+            ) -> BlockQuantized:
+    codes = quantize_blocks(wt_blocks, scale, zero, spec)
+    n = wt_blocks.shape[0]
+    return BlockQuantized(codes.reshape(n, -1).to(torch.uint8), scale.to(torch.float32), zero.to(torch.int32), k, spec)
+
+
+def quantize_rtn(weight: torch.Tensor, spec: BlockSpec) -> BlockQuantized:
+    """Round to nearest with the block min / max (module docstring). `weight` is [K, N]."""
+    wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
+    blocks = wt.reshape(wt.shape[0], -1, spec.block_size)
+    scale, zero = block_params(blocks, spec)
+    return _finish(blocks, scale, zero, weight.shape[0], spec)
+
+
+def quantize_clip_search(weight: torch.Tensor, spec: BlockSpec, grid: int = 20, min_ratio: float = 0.5,
+                         importance: torch.Tensor | None = None) -> BlockQuantized:
+    """RTN with each block's range shrunk by the clip ratio c in linspace(1, min_ratio, grid) that minimizes the block's
+    squared error sum_k imp_k (w_k - w^_k)^2; `importance` [K] weights the input channels (e.g. mean x_k^2), 1 if None."""
+    wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
+    n = wt.shape[0]
+    blocks = wt.reshape(n, -1, spec.block_size)
+    if importance is None:
+        imp = torch.ones_like(blocks[:1])
+    else:
+        imp = pad_rows(importance.reshape(1, -1).to(torch.float32), spec.block_size).reshape(1, -1, spec.block_size)
+    best_err = torch.full(blocks.shape[:2], float("inf"))
+    best_scale, best_zero = block_params(blocks, spec)
+    for ratio in torch.linspace(1.0, min_ratio, grid).tolist():
+        scale, zero = block_params(blocks, spec, ratio)
+        err = ((dequantize_blocks(quantize_blocks(blocks, scale, zero, spec), scale, zero) - blocks) ** 2 * imp).sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+    return _finish(blocks, best_scale, best_zero, weight.shape[0], spec)
+
+
+def quantize_hqq(weight: torch.Tensor, spec: BlockSpec, iters: int = 20, p: float = 0.7, beta: float = 10.0,
+                 kappa: float = 1.01) -> BlockQuantized:
+    """HQQ-style half-quadratic refinement (Badri & Shaji 2023), started from the best clip-searched RTN.
+
+    With codes q and extra variable e (the sparse part of the error), alternate:
+        e  = shrink_p(w - (q - z) s, beta)       (generalized soft threshold of the l_p, p < 1, error)
+        z  = mean(q - (w - e) / s)                (the zero point's closed form; integer-rounded, symmetric keeps its own)
+        s  = <w - e, q - z> / <q - z, q - z>     (least-squares scale for the codes)
+        q  = clamp(round((w - e) / s) + z)
+    beta grows by kappa each step; the iterate with the lowest plain squared error ||w - w^||^2 per block is kept.
+    """
+    start = quantize_clip_search(weight, spec)
+    wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
+    n = wt.shape[0]
+    w = wt.reshape(n, -1, spec.block_size)
+    scale, zero = start.scales.clone(), start.zero_points.clone()
+    zero_f = zero.to(torch.float32)
+    q = quantize_blocks(w, scale, zero, spec)
+    best_err = ((dequantize_blocks(q, scale, zero) - w) ** 2).sum(-1)
+    best_scale, best_zero = scale.clone(), zero.clone()
+    for _ in range(iters):
+        r = w - (q - zero_f.unsqueeze(-1)) * scale.unsqueeze(-1)
+        mag = r.abs()
+        e = torch.sign(r) * torch.relu(mag - (1.0 / beta) * mag.clamp_min(1e-12).pow(p - 1))
+        target = w - e
+        if not spec.symmetric:
+            zero_f = (q - target / scale.unsqueeze(-1)).mean(-1).round().clamp(0, spec.levels)
+        centered = q - zero_f.unsqueeze(-1)
+        denom = (centered * centered).sum(-1)
+        new_scale = (target * centered).sum(-1) / denom.clamp_min(1e-30)
+        scale = torch.where((denom > 0) & (new_scale > 0), new_scale, scale)
+        zero = zero_f.to(torch.int32)
+        q = quantize_blocks(target, scale, zero, spec)
+        err = ((dequantize_blocks(q, scale, zero) - w) ** 2).sum(-1)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+        beta *= kappa
+    return _finish(w, best_scale, best_zero, weight.shape[0], spec)
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """uint8 codes [..., K] (K even for 4 bits) packed as MatMulNBits / ONNX int4 store them: two 4-bit codes a byte,
+    the first in the low nibble. 8-bit codes are returned as they are."""
+    codes = codes.to(torch.uint8)
+    if bits == 8:
+        return codes
+    if codes.shape[-1] % 2:
+        codes = torch.nn.functional.pad(codes, (0, 1))
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_codes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:
+    """Inverse of `pack_codes`: the first k codes of each row."""
+    if bits == 8:
+        return packed[..., :k]
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack([low, high], dim=-1).reshape(*packed.shape[:-1], -1)[..., :k]

@@ -1,0 +1,58 @@
+"""Embedding tables in int8, one scale per row.
+
+A Gather whose data is a float initializer [V, D] of at least EMBEDDING_MIN_ELEMENTS (a word or position embedding)
+gets a weight config on that input: int8 symmetric per row (axis 0), s_v = 2 max |table[v]| / 255 (choose_qparams), codes
+q[v] = round(table[v] / s_v). The executor's fake quantization then sees the rows onnxruntime will return, and the
+QDQ export writes int8 codes + DequantizeLinear(axis 0) -> Gather, which export.ort_patterns turns into
+Gather(codes) -> Cast -> Mul(Gather(scales)) for onnxruntime (only the gathered rows are dequantized each run).
+The Gather's output stays float.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+
+from netquant.core.qparams import choose_qparams
+from netquant.core.spec import QuantSpec
+from netquant.core.tensor_config import QuantState, TensorQuantConfig
+from netquant.graph.op_config import OpQuantConfig, TensorRole
+from netquant.passes.base import Condition, PassBase, PassContext
+from netquant.passes.overrides import resolve_overrides
+
+EMBEDDING_MIN_ELEMENTS = 16_384  # smaller tables cost little as float, and their rows are read often
+EMBEDDING_SPEC = QuantSpec.int8_per_channel(axis=0)
+
+
+class EmbeddingPass(PassBase):
+    """Embedding tables int8 per row where the settings (or the platform) ask for it (module docstring)."""
+
+    name: ClassVar[str] = "embedding tables"
+    requires: ClassVar[frozenset[Condition]] = frozenset({Condition.CONFIGS})
+    ensures: ClassVar[frozenset[Condition]] = frozenset()
+
+    def run(self, ctx: PassContext) -> None:
+        s = ctx.settings
+        wanted = s.embeddings if s.embeddings is not None else s.platform.embeddings
+        if not wanted:
+            return
+        qgraph = ctx.quantized
+        graph = qgraph.graph
+        fp32 = [o for o in resolve_overrides(graph, s.force_fp32, ()) if o.fp32]
+        for node in graph.nodes:
+            table = graph.initializers.get(node.inputs[0]) if node.op_type == "Gather" and node.inputs else None
+            if table is None or table.dtype != torch.float32 or table.dim() != 2 or \
+                    table.numel() < EMBEDDING_MIN_ELEMENTS or int(node.attrs.get("axis", 0)) != 0 or \
+                    any(o.select.matches(node) for o in fp32):
+                continue
+            amax = table.detach().abs().amax(dim=1)
+            params = choose_qparams(-amax, amax, EMBEDDING_SPEC, name=node.inputs[0])
+            cfg = TensorQuantConfig(EMBEDDING_SPEC, QuantState.ACTIVATED, observer="minmax", params=params,
+                                    name=node.inputs[0])
+            oc = qgraph.op_configs.get(node.name)
+            if oc is None:
+                oc = OpQuantConfig(node, [None] * len(node.inputs), [None] * len(node.outputs))
+                qgraph.op_configs[node.name] = oc
+            oc.inputs[0] = cfg
+            oc.roles[0] = TensorRole.WEIGHT

@@ -1,0 +1,63 @@
+"""Placement's DYNAMIC decision: MatMul regions with the activation quantized at run time, by measurement, recorded
+in and re-applied from the placement file."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+
+from netquant.api import quantize_onnx
+from netquant.api.placement import DYNAMIC, FLOAT, INT8, Placement, Reason
+from netquant.export.onnx_qdq import build_qdq_model
+from tests.helpers.transformer_models import small_bert, small_bert_batches
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_bert(tmp_path_factory.mktemp("bert") / "bert.onnx", seq=32)
+
+
+def test_search_times_dynamic_and_the_export_follows_its_decisions(bert: Path, tmp_path: Path) -> None:
+    qm = quantize_onnx(str(bert), small_bert_batches(4), objective="latency", quiet=True, placement_time_s=30)
+    p = qm.placement
+    assert {r.decision for r in p.regions} <= {INT8, DYNAMIC, FLOAT}
+    matmuls = [r for r in p.regions if r.op_type == "MatMul" and r.decision != FLOAT]
+    assert matmuls and all(r.dynamic_ms is not None and r.int8_ms is not None for r in matmuls)
+    for r in p.regions:
+        if r.decision == DYNAMIC:  # where its profiled time beat the static one, or the all-dynamic file timed fastest
+            assert (r.reason == Reason.DYNAMIC and r.int8_ms > r.dynamic_ms) or (
+                r.reason == Reason.ALL_DYNAMIC and p.measured["all_dynamic_wall_ms"] <= p.measured["static_wall_ms"])
+    if p.dynamic_anchors():  # the shipped form was timed no slower than all static, and as accurate or within budget
+        assert p.measured["loss_ort_static"] >= 0 and "static_wall_ms" in p.measured
+    assert p.measured["dynamic_candidates"] == len(matmuls)
+    assert p.measured["dynamic_regions"] == len(p.dynamic_anchors())
+    assert qm.qgraph.dynamic_ops == set(p.dynamic_anchors())
+    model = build_qdq_model(qm.qgraph)[0]
+    assert sorted(n.name for n in model.graph.node if n.op_type == "MatMulInteger") == sorted(p.dynamic_anchors())
+    saved = {r["anchor"]: r for r in json.loads(p.to_json())["regions"]}
+    assert all(saved[r.anchor]["dynamic_ms"] == r.dynamic_ms for r in matmuls)
+
+
+def test_placement_file_with_dynamic_regions_is_reapplied(bert: Path, tmp_path: Path) -> None:
+    calib = small_bert_batches(4)
+    qm = quantize_onnx(str(bert), calib, objective="balanced", quiet=True)
+    data = json.loads(qm.placement.to_json())
+    chosen = [r["anchor"] for r in data["regions"] if r["op_type"] == "MatMul"][:3]
+    for r in data["regions"]:
+        r["decision"] = DYNAMIC if r["anchor"] in chosen else INT8
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    again = quantize_onnx(str(bert), calib, quiet=True, placement_from=str(path))
+    assert again.placement.dynamic_anchors() == chosen and again.qgraph.dynamic_ops == set(chosen)
+    out = tmp_path / "mixed.onnx"
+    report = again.export(out)
+    assert report.int8_kernels is not None and report.int8_kernels.get("DynamicQuantizeMatMul", 0) + \
+        report.int8_kernels.get("MatMulIntegerToFloat", 0) == len([r for r in data["regions"]
+                                                                  if r["op_type"] == "MatMul"])
+    ops = Counter(n.op_type for n in onnx.load(str(out)).graph.node)
+    assert ops["MatMulInteger"] == len(chosen) and ops["DynamicQuantizeLinear"] == len(chosen)
+    assert Placement.load(path).dynamic_anchors() == chosen

@@ -1,0 +1,68 @@
+"""Graphs after onnxruntime.transformers.optimizer (EmbedLayerNormalization, com.microsoft Attention,
+SkipLayerNormalization, BiasGelu): quantized, Attention exported as QAttention, checked in onnxruntime."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+import netquant
+from netquant.graph import Executor, load_onnx
+from tests.helpers.node_harness import ort_and_ours
+from tests.helpers.transformer_models import cosine, ort_fused_batches, ort_fused_bert
+
+
+def _run(model: onnx.ModelProto | Path, feeds: dict[str, np.ndarray], saved: Path | None = None) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    if saved is not None:
+        so.optimized_model_filepath = str(saved)
+    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+def test_executor_runs_the_fused_graph_like_onnxruntime() -> None:
+    model = ort_fused_bert()
+    feeds = ort_fused_batches(1, seed=7)[0]
+    ours = Executor(load_onnx(model)).run({k: torch.from_numpy(v) for k, v in feeds.items()})["hidden"].numpy()
+    np.testing.assert_allclose(ours, _run(model, feeds), atol=1e-4, rtol=1e-4)
+
+
+def test_attention_weights_quantize_and_run_as_qattention(tmp_path: Path) -> None:
+    model = ort_fused_bert()
+    qm = netquant.quantize_onnx(model, ort_fused_batches(6), objective=None, quiet=True)
+    cfg = qm.qgraph.op_configs["attention"]
+    assert cfg.inputs[1] is not None and cfg.inputs[1].is_active  # the packed QKV weights, per column
+    assert cfg.inputs[1].params.scale.numel() == 3 * 64
+    out = tmp_path / "q.onnx"
+    report = qm.export(out)
+    assert (report.int8_kernels or {}).get("QAttention") == 1
+    saved = tmp_path / "opt.onnx"
+    feeds = ort_fused_batches(1, seed=11)[0]
+    y = _run(out, feeds, saved)
+    ops = Counter(n.op_type for n in onnx.load(str(saved)).graph.node)
+    assert ops["QAttention"] == 1 and ops["Attention"] == 0 and ops["DequantizeLinear"] == 0
+    assert cosine(y, _run(model, feeds)) > 0.999
+    ours = Executor(load_onnx(onnx.load(str(out)))).run({k: torch.from_numpy(v) for k, v in feeds.items()})
+    assert cosine(ours["hidden"].numpy(), y) > 0.99999  # the executor runs the exported QAttention file alike
+
+
+def test_qattention_node_matches_onnxruntime() -> None:
+    from onnx import helper
+
+    rng = np.random.default_rng(3)
+    b, s, h, n = 2, 5, 8, 2
+    feeds = {"x": rng.integers(0, 256, (b, s, h)).astype(np.uint8),
+             "w": rng.integers(-127, 128, (h, 3 * h)).astype(np.int8),
+             "bias": rng.standard_normal(3 * h).astype(np.float32),
+             "sx": np.array(0.02, np.float32), "sw": (rng.random(3 * h) * 0.01 + 0.001).astype(np.float32),
+             "mask": np.array([s, 3], np.int32), "zx": np.array(128, np.uint8), "zw": np.zeros(3 * h, np.int8)}
+    node = helper.make_node("QAttention", list(feeds), ["y"], domain="com.microsoft", num_heads=n)
+    ref, ours = ort_and_ours(node, feeds, domain_opsets={"com.microsoft": 1})
+    np.testing.assert_allclose(ours[0], ref[0], atol=1e-4, rtol=1e-4)

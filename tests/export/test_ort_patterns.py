@@ -1,0 +1,128 @@
+"""export.ort_patterns: the QDQ MatMul + bias Add of a static-shape transformer reaches onnxruntime's int8 kernels."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import netquant
+from netquant.export.ort_patterns import keep_qdq_matmul_bias_apart
+from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
+
+
+def _session(path: str, level: ort.GraphOptimizationLevel = ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+             saved: Path | None = None) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    if saved is not None:
+        so.optimized_model_filepath = str(saved)
+    return ort.InferenceSession(path, so, providers=["CPUExecutionProvider"])
+
+
+def _weight_dq_feeds_float_matmul(model: onnx.ModelProto) -> list[str]:
+    """Float MatMul / Gemm nodes of an optimized graph with an input written by DequantizeLinear (directly or
+    through a Reshape)."""
+    producer = {o: n for n in model.graph.node for o in n.output}
+
+    def from_dq(name: str) -> bool:
+        node = producer.get(name)
+        while node is not None and node.op_type == "Reshape":
+            node = producer.get(node.input[0])
+        return node is not None and node.op_type == "DequantizeLinear"
+
+    return [n.name for n in model.graph.node if n.op_type in ("MatMul", "Gemm") and any(map(from_dq, n.input))]
+
+
+def _qdq_matmul_add(bias_shared: bool = False, rank: int = 3) -> onnx.ModelProto:
+    """x [2, 5, 8] (or [10, 8]) -> Q/DQ -> MatMul(DQ(w int8)) -> Add(b) -> y; with bias_shared, b is also added to
+    a second output."""
+    rng = np.random.default_rng(0)
+    shape = [2, 5, 8] if rank == 3 else [10, 8]
+    w = rng.integers(-100, 100, size=(8, 6)).astype(np.int8)
+    inits = [numpy_helper.from_array(w, "w_q"), numpy_helper.from_array(np.float32(0.01), "w_s"),
+             numpy_helper.from_array(np.int8(0), "w_z"), numpy_helper.from_array(np.float32(0.02), "x_s"),
+             numpy_helper.from_array(np.uint8(128), "x_z"),
+             numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "x_s", "x_z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"]),
+             helper.make_node("MatMul", ["xd", "wd"], ["mm"]),
+             helper.make_node("Add", ["mm", "b"], ["y"])]
+    outputs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, [*shape[:-1], 6])]
+    if bias_shared:
+        nodes.append(helper.make_node("Add", ["z", "b"], ["y2"]))
+        outputs.append(helper.make_tensor_value_info("y2", TensorProto.FLOAT, [6]))
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)]
+    if bias_shared:
+        inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [6]))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_bias_gets_the_matmul_rank_and_the_same_outputs(tmp_path: Path, shared: bool) -> None:
+    model = _qdq_matmul_add(bias_shared=shared)
+    before = tmp_path / "before.onnx"
+    onnx.save(model, before)
+    assert keep_qdq_matmul_bias_apart(model, lambda name: 3 if name == "x" else None) == 1
+    onnx.checker.check_model(model, full_check=True)
+    after = tmp_path / "after.onnx"
+    onnx.save(model, after)
+    add = next(n for n in model.graph.node if n.op_type == "Add" and "mm" in n.input)
+    bias = next(t for t in model.graph.initializer if t.name == add.input[1])
+    assert list(bias.dims) == [1, 1, 6]
+    if shared:  # the other reader keeps the 1-D bias
+        assert [list(t.dims) for t in model.graph.initializer if t.name == "b"] == [[6]]
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32)}
+    if shared:
+        feeds["z"] = rng.standard_normal(6).astype(np.float32)
+    off = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for a, b in zip(_session(str(before), off).run(None, feeds), _session(str(after), off).run(None, feeds),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)  # exact: the Add broadcasts the same values
+    saved = tmp_path / "opt.onnx"
+    _session(str(after), saved=saved)
+    ops = Counter(n.op_type for n in onnx.load(str(saved)).graph.node)
+    assert ops["MatMulIntegerToFloat"] == 1 and ops["Gemm"] == 0, ops
+    saved_before = tmp_path / "opt_before.onnx"  # without the rewrite onnxruntime makes a float Gemm
+    _session(str(before), saved=saved_before)
+    assert Counter(n.op_type for n in onnx.load(str(saved_before)).graph.node)["MatMulIntegerToFloat"] == 0
+
+
+def test_rank2_and_unknown_ranks_are_left_alone() -> None:
+    model = _qdq_matmul_add(rank=2)
+    assert keep_qdq_matmul_bias_apart(model, lambda name: 2 if name == "x" else None) == 0
+    model = _qdq_matmul_add()
+    assert keep_qdq_matmul_bias_apart(model, lambda name: None) == 0
+    assert [list(t.dims) for t in model.graph.initializer if t.name == "b"] == [[6]]
+
+
+@pytest.fixture(scope="module")
+def static_bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_bert(tmp_path_factory.mktemp("bert") / "bert.onnx", seq=32)
+
+
+def test_static_shape_bert_runs_int8_kernels_in_onnxruntime(static_bert: Path, tmp_path: Path) -> None:
+    calib = small_bert_batches(4)
+    qmodel = netquant.quantize_onnx(str(static_bert), calib, objective=None, quiet=True)
+    out = tmp_path / "bert_int8.onnx"
+    report = qmodel.export(out)
+    linears = 4 * SMALL["layers"]
+    assert report.int8_kernels == {"MatMulIntegerToFloat": linears}
+    saved = tmp_path / "opt.onnx"
+    sess = _session(str(out), saved=saved)
+    optimized = onnx.load(str(saved))
+    assert _weight_dq_feeds_float_matmul(optimized) == []
+    assert Counter(n.op_type for n in optimized.graph.node)["DequantizeLinear"] == 0
+    feeds = small_bert_batches(1, seed=50)[0]
+    ref = _session(str(static_bert)).run(None, feeds)[0]
+    assert cosine(sess.run(None, feeds)[0], ref) > 0.999

@@ -1,0 +1,86 @@
+"""passes.embeddings + export.ort_patterns.gather_int8_rows: embedding tables int8 per row, checked against
+onnxruntime (values, file size and accuracy vs ORT quantize_dynamic)."""
+
+from __future__ import annotations
+
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+
+import netquant
+from netquant.graph import Executor, load_onnx
+from netquant.passes.embeddings import EMBEDDING_MIN_ELEMENTS
+from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
+
+
+def _run(path: Path, feeds: dict[str, np.ndarray]) -> np.ndarray:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_bert(tmp_path_factory.mktemp("bert") / "bert.onnx", seq=32)
+
+
+def test_token_table_is_int8_per_row_and_gathered_before_dequantizing(bert: Path, tmp_path: Path) -> None:
+    qm = netquant.quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    g = qm.qgraph.graph
+    gathers = [n for n in g.nodes if n.op_type == "Gather" and n.inputs[0] in g.initializers
+               and g.initializers[n.inputs[0]].numel() >= EMBEDDING_MIN_ELEMENTS]
+    assert len(gathers) == 1  # the token table (the position rows are folded to a constant at a fixed shape)
+    table = g.initializers[gathers[0].inputs[0]]
+    cfg = qm.qgraph.op_configs[gathers[0].name].inputs[0]
+    scale = cfg.params.scale
+    assert scale.shape == (SMALL["vocab"],)
+    torch.testing.assert_close(scale, 2 * table.abs().amax(1) / 255, rtol=1e-6, atol=0)  # choose_qparams, symmetric
+    out = tmp_path / "q.onnx"
+    qm.export(out)
+    model = onnx.load(str(out))
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    gather = next(n for n in model.graph.node if n.name == gathers[0].name)
+    codes = inits[gather.input[0]]
+    assert codes.dtype == np.int8 and codes.shape == tuple(table.shape)
+    s = scale.numpy()[:, None]
+    assert np.all(np.abs(codes * s - table.numpy()) <= s / 2 * (1 + 1e-4))  # round to nearest, one scale per row
+    assert not any(n.op_type == "DequantizeLinear" and n.input[0] == gather.input[0] for n in model.graph.node)
+    # onnxruntime's embedding rows are the executor's fake-quantized rows
+    feeds = small_bert_batches(1, seed=40)[0]
+    ours = Executor(load_onnx(model)).run({k: torch.from_numpy(v) for k, v in feeds.items()})["hidden"].numpy()
+    np.testing.assert_allclose(ours, _run(out, feeds), atol=1e-3, rtol=1e-3)
+
+
+def test_embeddings_false_keeps_the_table_float(bert: Path, tmp_path: Path) -> None:
+    qm = netquant.quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True, embeddings=False)
+    out = tmp_path / "q.onnx"
+    qm.export(out)
+    types = Counter(t.data_type for t in onnx.load(str(out)).graph.initializer
+                    if list(t.dims) == [SMALL["vocab"], SMALL["dim"]])
+    assert types == {onnx.TensorProto.FLOAT: 1}
+
+
+def test_file_no_larger_and_as_accurate_as_ort_quantize_dynamic(bert: Path, tmp_path: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    ours = tmp_path / "ours.onnx"
+    netquant.quantize_onnx(str(bert), small_bert_batches(8), objective=None, quiet=True).export(ours)
+    peer = tmp_path / "ort.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(bert), str(peer), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+    assert ours.stat().st_size <= peer.stat().st_size
+    cos_ours, cos_peer = [], []
+    for feeds in small_bert_batches(6, seed=100):
+        ref = _run(bert, feeds)
+        cos_ours.append(cosine(_run(ours, feeds), ref))
+        cos_peer.append(cosine(_run(peer, feeds), ref))
+    assert np.mean(cos_ours) >= np.mean(cos_peer) - 1e-4, (cos_ours, cos_peer)
