@@ -7,13 +7,19 @@ Both on the same data, one thread each (torch.set_num_threads(1); ORT's calibrat
 every measurement in a fresh subprocess (its own peak RSS, imports included in neither time).
 
     python benchmarks/quant_time.py [--models encoder,rec,cls,squeezenet,...] [--rounds 1]
+        [--conditions quiet,busy,default]
 
-Writes benchmarks/results/quant_time.md and prints it.
+Conditions (`--conditions`, default quiet): `quiet` is the setup above (one thread each, no load added); `busy`
+starts one busy process per core (a Python spin loop each, started before and stopped after that condition's
+measurements by this script) and runs both tools with default settings: no thread environment variables,
+netquant's thread policy (platforms.threads) and onnxruntime's own thread default; `default` is default settings
+without added load. Writes benchmarks/results/quant_time.md (quiet only) or quant_time_conditions.md, and prints it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
@@ -22,11 +28,13 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 
 RESULTS = Path(__file__).parent / "results" / "quant_time.md"
+CONDITIONS_RESULTS = Path(__file__).parent / "results" / "quant_time_conditions.md"
 ENCODER_SAMPLES = 128
 OCR_SAMPLES = 128
 LIGHT_SAMPLES = 32  # batch-1 models (fixed batch dim): random images (the light models ship no data)
@@ -62,22 +70,25 @@ def _stack(feeds: list[dict[str, np.ndarray]], batch: int) -> list[dict[str, np.
             for i in range(0, len(feeds), batch)]
 
 
-def run_netquant(name: str, out: Path) -> float:
+def run_netquant(name: str, out: Path, pinned: bool = True) -> float:
     import torch
 
     import netquant
     from netquant.export import export_qdq
 
-    torch.set_num_threads(1)
+    if pinned:
+        torch.set_num_threads(1)
     model, feeds, batch = _data(name)
     batches = _stack(feeds, batch)
     t = time.perf_counter()
     qm = netquant.quantize_onnx(str(model), batches, "onnxruntime_int8", quiet=True)
     export_qdq(qm, out)
-    return time.perf_counter() - t
+    seconds = time.perf_counter() - t
+    USED_THREADS.append(qm.threads or torch.get_num_threads())
+    return seconds
 
 
-def run_ort(name: str, out: Path) -> float:
+def run_ort(name: str, out: Path, pinned: bool = True) -> float:
     import onnxruntime
     from onnxruntime.quantization import (
         CalibrationDataReader,
@@ -95,7 +106,8 @@ def run_ort(name: str, out: Path) -> float:
             self.intra_op_num_threads = 1
             self.inter_op_num_threads = 1
 
-    ort_calibrate.onnxruntime.SessionOptions = OneThread  # type: ignore[misc]
+    if pinned:
+        ort_calibrate.onnxruntime.SessionOptions = OneThread  # type: ignore[misc]
 
     class Reader(CalibrationDataReader):
         def __init__(self, feeds: list[dict[str, np.ndarray]]) -> None:
@@ -129,19 +141,46 @@ def run_ort(name: str, out: Path) -> float:
     return time.perf_counter() - t
 
 
-def one(tool: str, name: str) -> None:
-    """Child process: one measurement, printed as JSON (seconds, peak RSS MB)."""
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+USED_THREADS: list[int] = []  # torch threads netquant's run used (its thread policy, or the pinned 1)
+
+
+def one(tool: str, name: str, condition: str = "quiet") -> None:
+    """Child process: one measurement, printed as JSON (seconds, peak RSS MB, torch threads netquant chose)."""
+    import torch
+
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "q.onnx"
-        seconds = (run_netquant if tool == "netquant" else run_ort)(name, out)
-    print(json.dumps({"seconds": seconds, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+        seconds = (run_netquant if tool == "netquant" else run_ort)(name, out, pinned=condition == "quiet")
+    print(json.dumps({"seconds": seconds, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                      "torch_threads": USED_THREADS[-1] if USED_THREADS else torch.get_num_threads()}))
 
 
-def measure(tool: str, name: str) -> dict[str, float] | str:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+@contextlib.contextmanager
+def busy_cores(active: bool) -> Iterator[None]:
+    """One spinning process per core for the block (started and stopped here, by their own pids)."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)] \
+        if active else []
+    try:
+        if procs:
+            time.sleep(1.0)  # let them start spinning
+        yield
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait()
+
+
+def measure(tool: str, name: str, condition: str = "quiet") -> dict[str, float] | str:
+    if condition == "quiet":
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    else:  # default settings: no thread environment variables at all
+        env = {k: v for k, v in os.environ.items() if k not in THREAD_VARS}
     src = str(Path(__file__).resolve().parents[1] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, __file__, "--one", tool, name], capture_output=True, text=True, env=env)
+    proc = subprocess.run([sys.executable, __file__, "--one", tool, name, condition], capture_output=True, text=True,
+                          env=env)
     if proc.returncode != 0:  # reported in the table: the last line of the error
         lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
         return (lines[-1] if lines else f"exit {proc.returncode}")[:160]
@@ -156,10 +195,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(("encoder", "rec", "cls", *LIGHT_MODELS)))
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per model (median reported)")
-    ap.add_argument("--one", nargs=2, metavar=("TOOL", "MODEL"), help=argparse.SUPPRESS)
+    ap.add_argument("--conditions", default="quiet", help="quiet, busy, default (comma-separated)")
+    ap.add_argument("--append", action="store_true",
+                    help="conditions table: keep the rows already written for other (condition, model) pairs")
+    ap.add_argument("--one", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         one(*args.one)
+        return
+    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
+    if conditions != ["quiet"]:
+        conditions_table(args.models.split(","), conditions, args.rounds, args.append)
         return
     samples = {"encoder": ENCODER_SAMPLES, "rec": OCR_SAMPLES, "cls": OCR_SAMPLES}
     rows, ratios, times, notes = [], {}, {}, []
@@ -217,6 +263,57 @@ def main() -> None:
            f"({times['encoder']:.1f} s).\n" if "encoder" in times else "")
     )
     write_text_atomic(RESULTS, text)
+    print(text)
+
+
+def conditions_table(models: list[str], conditions: list[str], rounds: int, append: bool = False) -> None:
+    """netquant vs ORT MinMax per model and condition (module docstring), written to quant_time_conditions.md."""
+    from netquant.atomic import write_text_atomic
+    from netquant.platforms.targets import host_info
+
+    rows: list[str] = []
+    loads: dict[str, float] = {}
+    if append and CONDITIONS_RESULTS.exists():
+        redone = {(c, m) for c in conditions for m in models}
+        rows = [ln for ln in CONDITIONS_RESULTS.read_text().splitlines() if ln.startswith("| ")
+                and not ln.startswith("| condition") and tuple(x.strip() for x in ln.split("|")[1:3]) not in redone]
+    for condition in conditions:
+        with busy_cores(condition == "busy"):
+            loads[condition] = os.getloadavg()[0]
+            for name in models:
+                got: dict[str, list[dict[str, float] | str]] = {"netquant": [], "ort": []}
+                for _ in range(rounds):
+                    for tool in ("netquant", "ort"):
+                        got[tool].append(measure(tool, name, condition))
+                cells = {}
+                for tool, ms in got.items():
+                    bad = next((m for m in ms if isinstance(m, str)), None)
+                    ok = [m for m in ms if not isinstance(m, str)]
+                    cells[tool] = (f"fails: {bad[:80]}", None, None) if bad else (
+                        f"{statistics.median(m['seconds'] for m in ok):.1f}",
+                        statistics.median(m["seconds"] for m in ok), int(ok[0]["torch_threads"]))
+                ratio = (f"{cells['netquant'][1] / cells['ort'][1]:.2f}"
+                         if cells["netquant"][1] and cells["ort"][1] else "-")
+                rows.append(f"| {condition} | {name} | {cells['netquant'][0]} | {cells['netquant'][2]} "
+                            f"| {cells['ort'][0]} | {ratio} |")
+                print(rows[-1], flush=True)
+    text = (
+        "# Quantization time under three conditions: netquant vs onnxruntime quantize_static (MinMax)\n\n"
+        + host_info().markdown()
+        + f"\nGenerated by `benchmarks/quant_time.py --conditions {','.join(conditions)}`"
+        + (f" --append (rows of {', '.join(models)} from this run, the others kept from an earlier run)" if append
+           else "") + f" ({rounds} round(s), median; "
+        "each measurement a fresh subprocess, work as in quant_time.md: quantize + validated export vs "
+        "quant_pre_process + quantize_static). quiet: one thread each (OMP_NUM_THREADS=1, ORT calibration session 1 "
+        "thread), no load added; busy: one spinning process per core started and stopped by the benchmark, default "
+        "settings (no thread environment variables: netquant's thread policy, onnxruntime's default threads); "
+        "default: default settings, no load added. 'netquant threads' is torch's intra-op thread count netquant "
+        "used. Load average (1 min) at the start of each condition (this run): "
+        + ", ".join(f"{c} {v:.1f}" for c, v in loads.items())
+        + " (the host is shared with other jobs: 'quiet' is only as quiet as they let it be).\n\n"
+        "| condition | model | netquant s | netquant threads | ORT MinMax s | ratio |\n|---|---|---|---|---|---|\n"
+        + "\n".join(rows) + "\n")
+    write_text_atomic(CONDITIONS_RESULTS, text)
     print(text)
 
 

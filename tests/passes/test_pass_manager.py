@@ -136,7 +136,9 @@ def test_typed_facts_replace_the_info_dict() -> None:
     assert len(qg.validation_batches) == 3 and qg.sample_inputs is qg.validation_batches[0]
     s = qm.summary()
     assert s["cleanup"] == {"nodes_before": 3, "nodes_after": 2, "simplified": qg.cleanup.simplified}
-    assert s["calibration"] == {"observed_tensors": 2, "flat_bounds": qg.calibration.flat_bounds}
+    assert s["calibration"] == {"observed_tensors": 2, "flat_bounds": qg.calibration.flat_bounds,
+                                "executor_runs": qg.calibration.executor_runs, "stack_samples": 1,
+                                "stack_blocker": qg.calibration.stack_blocker}
     assert set(s["timings_s"]) == {*DEFAULT_NAMES, "placement", "total"}  # counts are not timings
 
 

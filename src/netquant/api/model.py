@@ -40,6 +40,7 @@ from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
+from netquant.platforms.threads import thread_scope
 
 if TYPE_CHECKING:
     from netquant.api.placement import Placement
@@ -60,6 +61,8 @@ class QuantizedModel:
         self.timings = dict(timings or {})
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
+        self.threads: int | None = None  # intra-op threads quantization ran with (platforms.threads); export reuses it
+        self.rank = 0  # torch.distributed rank of a distributed=True run (only rank 0 writes files)
         self.last_export: tuple[Path, Any] | None = None  # (path, exporter's report) of the latest export
 
     # ---- facts -----------------------------------------------------------------------------
@@ -276,7 +279,10 @@ class QuantizedModel:
         TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
         .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
         tensorrt_int8's ONNX QDQ file comes with its calibration cache, as the CLI's: trt_cache= its path (default the
-        path with suffix .cache; False: none)."""
+        path with suffix .cache; False: none). On ranks other than 0 of a distributed run nothing is written (None
+        is returned)."""
+        if self.rank != 0:
+            return None
         cache = self._trt_cache(path, format, kwargs.pop("trt_cache", None))
         try:
             fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
@@ -288,7 +294,8 @@ class QuantizedModel:
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
         planned += [("trt_cache", cache, "TensorRT calibration cache")] if cache is not None else []
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"):
+        with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"), \
+                thread_scope(self.threads):  # validation in the engine: the threads quantization chose
             report = writer(fmt)(self.qgraph, path, **kwargs)
         self.last_export = (Path(path), report)
         if cache is not None:

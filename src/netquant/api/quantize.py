@@ -20,12 +20,14 @@ from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpE
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
+from netquant.passes.distributed import current_shard
 from netquant.passes.progress import make_progress
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
 from netquant.platforms import Platform
 from netquant.platforms.platform import Validation
+from netquant.platforms.threads import thread_scope
 
 DEFAULT_PLATFORM = "onnxruntime_int8"
 
@@ -115,7 +117,7 @@ def _check_float32(graph: Graph, source: str) -> None:
 
 def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
                   platform: str | Platform = DEFAULT_PLATFORM, *, passes: Sequence[PassBase] = (),
-                  **settings: Any) -> QuantizedModel:
+                  threads: int | str | None = None, **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
 
     passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
@@ -128,13 +130,30 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
     for an error metric), placement_from;
     see netquant.api.placement).
+    distributed=True (under torchrun, or with a torch.distributed group): every rank passes the same calib_data and
+    calibrates its share; observers merge exactly (scales bit-identical to one process); rank 0 places, and only
+    its QuantizedModel.export writes files (QuantizedModel.rank).
+    threads: torch's intra-op threads (and onnxruntime's, in the sessions netquant creates) during the run: a count,
+    or None / 'auto' for platforms.threads' policy (the CPUs this process may use less those other work keeps
+    busy; OMP_NUM_THREADS set: kept). The caller's torch.get_num_threads() is restored after.
     """
     if torch.is_inference_mode_enabled():  # tensors made under inference_mode have no version counter to track
         with torch.inference_mode(False):
-            return quantize_onnx(model, calib_data, platform, passes=passes, **settings)
+            return quantize_onnx(model, calib_data, platform, passes=passes, threads=threads, **settings)
+    with thread_scope(threads) as n:
+        qmodel = _quantize_onnx(model, calib_data, platform, passes, settings)
+    qmodel.threads = n
+    return qmodel
+
+
+def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph, calib_data: Any,
+                   platform: str | Platform, passes: Sequence[PassBase], settings: dict[str, Any]) -> QuantizedModel:
     t0 = time.perf_counter()
     path_options = {k: settings.pop(k) for k in PATH_OPTION_KEYS if k in settings}
     s = QuantSettings.from_kwargs(platform, settings)
+    rank = current_shard().rank if s.distributed else 0
+    if rank != 0:  # rank 0 places and writes; the others only calibrate their share
+        s = dataclasses.replace(s, objective=None, placement_from=None)
     graph, source = _load(model)
     _check_float32(graph, source)
     _check_weights(graph, source)
@@ -155,7 +174,7 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     wide = None
     if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
         wide_settings = dataclasses.replace(s, platform=s.platform.widened(), objective=None, placement_from=None,
-                                            quiet=True)
+                                            quiet=True, distributed=False)  # rank 0 alone
 
         def wide() -> QuantizedGraph:
             twin = twin_graph if twin_graph is not None else _load(model)[0]
@@ -171,16 +190,17 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    qm = QuantizedModel(run.qgraph, source, timings, kept, placement)
-    qm.progress = not s.quiet  # exports show progress as the passes and placement did
-    return qm
+    qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement)
+    qmodel.progress = not s.quiet  # exports show progress as the passes and placement did
+    qmodel.rank = rank
+    return qmodel
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,
                    platform: str | Platform = DEFAULT_PLATFORM, *, opset: int = EXPORT_OPSET,
                    input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
                    dynamic_axes: dict[str, dict[int, str]] | None = None, dynamic_batch: bool = True,
-                   **settings: Any) -> QuantizedModel:
+                   threads: int | str | None = None, **settings: Any) -> QuantizedModel:
     """Export `module` (in eval mode) to ONNX with netquant's one torch -> ONNX path
     (netquant.nn.export.torch_to_onnx: torch.onnx's torch.export-based exporter, opset EXPORT_OPSET = 21,
     at least 18), then quantize_onnx it.  Inputs are named `input_names` (default input_0, input_1, ...).
@@ -189,8 +209,18 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's.
     Weight-only int4 / int8 (MatMulNBits or blocked DQ files) of a module: netquant.quantize_weights(module, path,
     example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only.
-    The caller's module keeps its train / eval modes (it is exported in eval mode)."""
+    The caller's module keeps its train / eval modes (it is exported in eval mode). `threads` as in quantize_onnx
+    (the export runs under it too)."""
     _check_float_module(module)
+    with thread_scope(threads) as n:
+        return _quantize_torch(module, example_inputs, calib_data, platform, opset, input_names, output_names,
+                               dynamic_axes, dynamic_batch, n, settings)
+
+
+def _quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any, platform: str | Platform,
+                    opset: int, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
+                    dynamic_axes: dict[str, dict[int, str]] | None, dynamic_batch: bool, threads: int,
+                    settings: dict[str, Any]) -> QuantizedModel:
     args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
     names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
     modes = [(m, m.training) for m in module.modules()]  # the caller's train / eval mode, given back after export
@@ -204,7 +234,7 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     finally:
         for m, training in modes:
             m.training = training
-    return quantize_onnx(proto, calib_data, platform, **settings)
+    return quantize_onnx(proto, calib_data, platform, threads=threads, **settings)
 
 
 def _check_float_module(module: Any) -> None:

@@ -76,6 +76,8 @@ class Observer(ABC):
 
     name: ClassVar[str] = "observer"
     reads_values: ClassVar[bool] = True  # False: _update reads only the batch extrema and counts
+    order_invariant: ClassVar[bool] = False  # True: the state depends only on the multiset of values observed,
+    # not on how they were split into batches or their order (batched calibration may stack samples then)
 
     def __init__(self, spec: QuantSpec | None = None, *, tensor_name: str = "tensor",
                  ignore_nonfinite: bool = False) -> None:

@@ -18,6 +18,8 @@ class FixedRangeObserver(Observer):
     `min_val` / `max_val` are floats, or (C,) sequences / tensors for per-channel specs.
     """
 
+    order_invariant = True  # the data is ignored
+
     def __init__(self, spec: QuantSpec | None = None, *, min_val: float | torch.Tensor | list[float] = 0.0,
                  max_val: float | torch.Tensor | list[float] = 1.0, **kw: object) -> None:
         super().__init__(spec, **kw)  # type: ignore[arg-type]
@@ -54,6 +56,8 @@ class FixedRangeObserver(Observer):
 @register_observer("none")
 class NoObserver(Observer):
     """For passive tensors whose params come from elsewhere (shared with a producer, derived)."""
+
+    order_invariant = True
 
     def observe(self, x: torch.Tensor) -> None:
         self.num_batches += 1

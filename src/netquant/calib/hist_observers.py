@@ -50,6 +50,12 @@ class HistogramObserverBase(Observer):
     def _options(self) -> dict[str, object]:
         return {"num_bins": self.hist.num_bins, "grid": self.hist.grid, "max_bins": self.hist.max_bins}
 
+    @property
+    def order_invariant(self) -> bool:  # type: ignore[override]
+        """POW2 grids depend only on the values seen (calib.histogram); TensorRT grids take their width from the
+        first batch, so stacking samples would change them."""
+        return self.hist.grid is GridMode.POW2
+
     def _update(self, batch: Batch) -> None:
         self.hist.add(batch.values, batch.finite, batch.cmin, batch.cmax)
         self.min_val, self.max_val = extend_range(self.min_val, self.max_val, batch.cmin, batch.cmax)

@@ -15,6 +15,7 @@ class MinMaxObserver(Observer):
     """lo = min over all batches of min(x), hi = max over all batches of max(x) (per channel)."""
 
     reads_values = False
+    order_invariant = True  # min and max of a union are the min and max of the parts'
 
     def __init__(self, spec: QuantSpec | None = None, **kw: object) -> None:
         super().__init__(spec, **kw)  # type: ignore[arg-type]

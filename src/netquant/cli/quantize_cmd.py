@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +110,7 @@ class RunFacts:
     engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
     placement: str = ""
     extra_files: list[Path] = field(default_factory=list)
+    threads: int | None = None  # torch / onnxruntime intra-op threads of the run (platforms.threads)
 
 
 def host_target() -> str:
@@ -148,7 +151,8 @@ def summary_table(f: RunFacts) -> Table:
                                                           "was checked in the Q/DQ reference semantics only"
                                                           if f.reference_only else ""))
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
-    t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items()))
+    t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items())
+              + (f" ({f.threads} intra-op thread{'s' if f.threads != 1 else ''})" if f.threads else ""))
     for p in f.extra_files:
         t.add_row("also wrote", str(p))
     return t
@@ -209,6 +213,12 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write the placement file (JSON: per-region decisions with their measurements).")
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
+@click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Calibrate in this many local processes (torch.distributed, gloo); rank 0 writes the files. "
+                   "Under torchrun the ranks are torchrun's.")
+@click.option("--threads", default="auto", show_default=True,
+              help="Intra-op threads of torch and onnxruntime during the run: a count, or 'auto' (the CPUs this "
+                   "process may use less those busy with other work; OMP_NUM_THREADS set: kept).")
 @click.option("--weight-only", type=click.Choice(["int4", "int8"], case_sensitive=False), default=None,
               help="Weight-only quantization of MatMul / Gemm weights (LLMs): MatMulNBits or blocked DQ, "
                    "block-wise; --calib is then token ids (.npy), a text file with --tokenizer, or 'random'.")
@@ -236,9 +246,19 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              max_loss: float | None, placement_path: Path | None, placement_from: Path | None,
              weight_only: str | None = None, block_size: int = 128, algorithm: str = "rtn", asymmetric: bool = False,
              wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
-             act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0) -> None:
+             act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0, threads: str = "auto",
+             nproc: int = 1) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
+    from netquant.cli.distributed import local_group, torchrun_rank
+    from netquant.platforms.threads import thread_scope
+
+    click_ctx = click.get_current_context()
+    if nproc > 1 and "LOCAL_WORLD_SIZE" not in os.environ:  # --threads auto shares the CPUs among the processes
+        os.environ["LOCAL_WORLD_SIZE"] = str(nproc)
+        click_ctx.call_on_close(lambda: os.environ.pop("LOCAL_WORLD_SIZE", None))
+    # torch's threads for the whole command (quantization and export validation), restored when it ends
+    n_threads = click_ctx.with_resource(thread_scope(threads))
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
     from netquant.export.formats import ExportKind, companions, writer
     from netquant.export.opset import check_opset_request
@@ -307,7 +327,17 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     if placement_from is not None:
         settings["placement_from"] = str(placement_from)
     batches = split_batches(data, inputs, batch_size)
-    qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform, **settings)
+    rank = torchrun_rank()
+    if rank is not None or nproc > 1:
+        settings["distributed"] = True
+    if rank:  # torchrun's other ranks: no progress bars of their own
+        settings["quiet"] = True
+    with local_group(nproc, str(model), batches, {**settings, "platform": platform.name}) if nproc > 1 and \
+            rank is None else contextlib.nullcontext():
+        qmodel, messages = quantize_quietly(netquant.quantize_onnx, str(model), batches, platform=platform,
+                                            threads=n_threads, **settings)
+    if rank:  # torchrun's other ranks: calibrated their share, rank 0 writes
+        return
     for w in messages:
         warn(console, w)
     t_quant = time.perf_counter()
@@ -350,7 +380,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
             + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
-        extra_files=extra, placement=_placement_line(qmodel))
+        extra_files=extra, placement=_placement_line(qmodel), threads=n_threads)
     for w in report.warnings:
         warn(console, w)
     if not quiet:

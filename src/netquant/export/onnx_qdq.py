@@ -51,6 +51,7 @@ from netquant.export.validate import (
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
+from netquant.platforms.threads import thread_scope
 
 
 @dataclass
@@ -307,7 +308,15 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
         >= min_cosine instead (validate.Agreement).
     check_kernels: record which int8 kernels onnxruntime runs after its optimizations.
     Raises ExportError (and leaves no file) on any failure.
+    Runs under platforms.threads.thread_scope: the threads quantization used (QuantizedModel.threads), else the
+    policy's.
     """
+    with thread_scope(getattr(qmodel, "threads", None)):
+        return _export_qdq(qmodel, path, opset, validate, sample, min_cosine, max_error_ratio, check_kernels)
+
+
+def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | None, validate: bool, sample: Any,
+                min_cosine: float, max_error_ratio: float | None, check_kernels: bool) -> ExportReport:
     start = time.perf_counter()
     qgraph = unwrap(qmodel)
     where = str(path)

@@ -9,6 +9,7 @@ import onnx
 from onnx import version_converter
 
 from netquant.errors import ExportError
+from netquant.platforms.threads import apply_to_session_options
 
 
 def ai_onnx_opset(model: onnx.ModelProto) -> int:
@@ -138,6 +139,7 @@ def check_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: d
 
     def run(model: onnx.ModelProto) -> list[np.ndarray]:
         so = ort.SessionOptions()
+        apply_to_session_options(so)  # the thread_scope's threads, if any
         so.log_severity_level = 3
         sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         names = {i.name for i in sess.get_inputs()}

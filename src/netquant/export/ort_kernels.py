@@ -15,6 +15,7 @@ from pathlib import Path
 import onnx
 
 from netquant.errors import ExportError
+from netquant.platforms.threads import apply_to_session_options
 
 # op types (ai.onnx and com.microsoft) that compute on 8-bit integers
 INT8_KERNEL_OPS = frozenset({
@@ -36,6 +37,7 @@ def ort_optimized_op_types(path: str | os.PathLike[str], level: str = "all") -> 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "optimized.onnx"
         so = ort.SessionOptions()
+        apply_to_session_options(so)  # the thread_scope's threads, if any
         so.graph_optimization_level = levels[level]
         so.optimized_model_filepath = str(out)
         so.log_severity_level = 3

@@ -15,6 +15,7 @@ import torch
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.passes.quant_graph import QuantizedGraph
+from netquant.platforms.threads import apply_to_session_options
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -93,6 +94,7 @@ def ort_session(path_or_bytes: Any, where: str, optimized: bool = True, save_opt
     import onnxruntime as ort
 
     so = ort.SessionOptions()
+    apply_to_session_options(so)  # the thread_scope's threads, if any
     so.log_severity_level = 3
     if save_optimized is not None:
         so.optimized_model_filepath = save_optimized

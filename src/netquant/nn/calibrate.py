@@ -31,8 +31,12 @@ from netquant.nn.quantizer import QuantizerRole, QuantMode
 
 
 @contextmanager
-def calibrate(model: nn.Module, observer: str | None = None, **observer_opts: Any) -> Iterator[nn.Module]:
-    """Calibrate every activation quantizer of ``model`` with ``observer`` (default: each one's own)."""
+def calibrate(model: nn.Module, observer: str | None = None, *, distributed: bool = False,
+              **observer_opts: Any) -> Iterator[nn.Module]:
+    """Calibrate every activation quantizer of ``model`` with ``observer`` (default: each one's own).
+    distributed=True (a torch.distributed group initialised, e.g. under torchrun / DDP): each rank feeds its own
+    share of the data; on exit the observers of all ranks are merged exactly (calib.distributed: order-invariant
+    observers only) and every rank gets the same params, those one process would get on all the data."""
     name_quantizers(model)
     active = [(n, q) for n, q in quantizers(model) if not q.dynamic]
     if not active:
@@ -56,11 +60,31 @@ def calibrate(model: nn.Module, observer: str | None = None, **observer_opts: An
         raise
     finally:
         model.train(was_training)
-    finish_calibration(model)
+    finish_calibration(model, distributed=distributed)
 
 
-def finish_calibration(model: nn.Module) -> None:
-    """Compute params for every quantizer in CALIBRATE mode (weights from the weights)."""
+def _merge_ranks(calibrating: list[tuple[str, Any]]) -> None:
+    """Every rank's activation observers merged (calib.distributed); observed counts summed."""
+    import torch.distributed as dist
+
+    from netquant.calib.distributed import check_mergeable, merge_across_ranks
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigError("calibrate(distributed=True) needs an initialised torch.distributed process group "
+                          "(torchrun, or torch.distributed.init_process_group before calibrating)")
+    check_mergeable([q._observer for _, q in calibrating])
+    merged = merge_across_ranks([q._observer if q.has_observations else None for _, q in calibrating])
+    counts = torch.tensor([q._observed_batches if q.has_observations else 0 for _, q in calibrating],
+                          dtype=torch.int64)
+    dist.all_reduce(counts)
+    for (_, quantizer), obs, n in zip(calibrating, merged, counts.tolist()):
+        if obs is not None:
+            quantizer._observer, quantizer._observed_batches = obs, int(n)
+
+
+def finish_calibration(model: nn.Module, *, distributed: bool = False) -> None:
+    """Compute params for every quantizer in CALIBRATE mode (weights from the weights); distributed: activation
+    observers merged across the torch.distributed ranks first."""
     with torch.no_grad():
         for module in quant_modules(model):
             for quantizer, _ in module.weight_tensors():
@@ -68,6 +92,8 @@ def finish_calibration(model: nn.Module) -> None:
                     quantizer.mode = QuantMode.QUANTIZE
             module.calibrate_weights()
         calibrating = [(n, q) for n, q in quantizers(model) if q.mode is QuantMode.CALIBRATE]
+        if distributed:
+            _merge_ranks(calibrating)
         empty = [n for n, q in calibrating if not q.has_observations]
         if empty:
             for _, quantizer in calibrating:

@@ -25,8 +25,9 @@ import torch
 from torch import nn
 
 from netquant.calib import make_observer
+from netquant.calib.distributed import distributed_world
 from netquant.calib.ranges import RANGE_MANTISSA_BITS, activation_params, check_range_bits
-from netquant.core.ops import GradMode, fake_quantize
+from netquant.core.ops import GradMode, default_lsq_grad_scale, fake_quantize
 from netquant.core.qparams import QParams
 from netquant.core.spec import QuantSpec
 from netquant.errors import CalibrationError, ConfigError
@@ -252,7 +253,17 @@ class TensorQuantizer(nn.Module):
         if not self.is_calibrated:
             raise CalibrationError(f"quantizer '{self.name}' is in QUANTIZE mode but has no params; "
                                    "calibrate the model (netquant.nn.calibrate) before running it")
-        return fake_quantize(x, self.scale, self.zero_point, self.spec, grad_mode=self.grad_mode)
+        return fake_quantize(x, self.scale, self.zero_point, self.spec, grad_mode=self.grad_mode,
+                             lsq_grad_scale=self._global_lsq_grad_scale(x))
+
+    def _global_lsq_grad_scale(self, x: torch.Tensor) -> float | None:
+        """Under torch.distributed (DDP), an activation's LSQ gradient scale is that of the global batch,
+        1 / sqrt(numel(x) * world * qmax), so DDP's average of the ranks' gradients equals one process's on all
+        their data (equal shares); None (the default, local numel) otherwise."""
+        if not (self.is_learnable and self.training and self.role is QuantizerRole.ACTIVATION):
+            return None
+        world = distributed_world()
+        return default_lsq_grad_scale(x, self.spec) / world ** 0.5 if world > 1 else None
 
     def _training_step(self, x: torch.Tensor) -> None:
         if self.is_learnable:

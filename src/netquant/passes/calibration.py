@@ -5,6 +5,7 @@ in FP32 (no fake quantization upstream) with the observer each config names (net
 clamped at their flat lower bound (`passes.flat_ranges`); params follow the range rules of
 `netquant.calib.ranges`, shared with the module API's `netquant.nn.calibrate`: activation ranges rounded
 outward to settings.range_bits (default 8) significant bits, constants exact.
+Batches of equal shape run stacked where that leaves every observer's input unchanged (passes.calib_stack).
 """
 
 from __future__ import annotations
@@ -22,16 +23,26 @@ from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Graph, Node
 from netquant.passes.base import Condition, PassBase, PassContext
+from netquant.passes.calib_stack import (
+    STACK_WORTH_BELOW,
+    Extrema,
+    concat,
+    same_layout,
+    same_outputs,
+    samples_in,
+    stack_blocker,
+    stack_size,
+)
+from netquant.passes.distributed import (
+    broadcast_from_rank0,
+    check_mergeable,
+    current_shard,
+    merge_observers_across_ranks,
+)
 from netquant.passes.flat_ranges import FlatRanges
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
-
-
-def _samples(batch: Any) -> int:
-    """Samples in a calibration batch: the leading dim of its first tensor (1 when it has none)."""
-    first = next(iter(batch.values()), None) if isinstance(batch, dict) else None
-    return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
 
 
 def graph_state(graph: Graph) -> tuple[Any, ...]:
@@ -59,6 +70,29 @@ class CalibrationPass(PassBase):
     name: ClassVar[str] = "calibration"
     requires: ClassVar[frozenset[Condition]] = frozenset({Condition.CONFIGS})
     ensures: ClassVar[frozenset[Condition]] = frozenset({Condition.CALIBRATED})
+
+    @staticmethod
+    def _check_stacking(ex: Executor, first_runs: list[tuple[dict[str, Any], dict[str, Any]]], probe: Extrema,
+                        probing: list[Extrema], budget: float, stats: CalibrationCounts) -> tuple[int, str | None]:
+        """(samples per stack, why not stacked): the first batches (of one layout, under STACK_WORTH_BELOW samples
+        each) run again as one stack must give their outputs and observed extrema up to float summation noise
+        (passes.calib_stack); the stack size follows the memory budget."""
+        parts = [(b, o) for b, o in first_runs if same_layout(b, first_runs[0][0])] if first_runs else []
+        if len(parts) < 2:
+            return 1, "the first calibration batches give no two of one shape to check stacking on"
+        if len(parts) < len(first_runs):
+            return 1, "the first calibration batches differ in shape"
+        given = max(samples_in(b) for b, _ in parts)
+        if given >= STACK_WORTH_BELOW:  # the check's extra run would cost more than stacking such batches saves
+            return 1, f"the batches already hold {given} samples"
+        stacked = Extrema()
+        probing.append(stacked)
+        whole = ex.run(concat([b for b, _ in parts]))
+        stats.executor_runs += 1
+        if not (stacked.same(probe) and same_outputs([o for _, o in parts], whole)):
+            return 1, "a stacked run differs from the samples run one by one (an op mixes the batch dim)"
+        per_sample = probe.nbytes / max(1, sum(samples_in(b) for b, _ in parts))
+        return stack_size(per_sample, budget), None
 
     def run(self, ctx: PassContext) -> None:
         qgraph = ctx.quantized
@@ -108,39 +142,102 @@ class CalibrationPass(PassBase):
                                    f"pass calib_data")
 
         use_flat = ctx.settings.flat_ranges
+        budget = ctx.settings.calib_stack_mb
+        graph_inputs = [(v.name, v.shape) for v in graph.inputs if v.name not in graph.initializers]
+        blocker = ("calib_stack_mb is off" if not budget else
+                   "range_bits=None asks for exact ranges, and a stacked MatMul may sum in another order (last bit)"
+                   if ctx.settings.range_bits is None else stack_blocker(graph_inputs, (o for _, o in observed)))
+        probe = Extrema()  # extrema of the first batches run one by one, for the stacking check
+        feeding = True  # False: the stacking check's extra run, which the observers must not see
+        probing: list[Extrema] = [probe] if blocker is None else []
 
-        def observe(cfg: TensorQuantConfig, obs: Any, x: Any) -> None:
+        def observe(key: tuple[str, str, int], cfg: TensorQuantConfig, obs: Any, x: Any) -> None:
             if not isinstance(x, torch.Tensor):
+                return
+            if probing:
+                probing[-1].add(key, x)
+            if not feeding:
                 return
             bound = lower.get(id(cfg), -math.inf)
             obs.observe(clamp_for_observation(x, bound) if use_flat and bound > -math.inf else x)
 
         def pre(node: Node, inputs: list[Any]) -> None:
             for i, cfg, obs in on_input.get(node.name, ()):
-                observe(cfg, obs, inputs[i])
+                observe((node.name, "in", i), cfg, obs, inputs[i])
 
         def post(node: Node, outputs: list[Any]) -> None:
             for j, cfg, obs in on_output.get(node.name, ()):
                 if j < len(outputs):
-                    observe(cfg, obs, outputs[j])
+                    observe((node.name, "out", j), cfg, obs, outputs[j])
 
         ex = Executor(graph, device=ctx.settings.device)
         ex.add_pre_hook(pre)
         ex.add_post_hook(post)
         data = ctx.calib_data
         keep_outputs = ex.device.type == "cpu" and not qgraph.validation_batches  # validation runs on the CPU
+        first_runs: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (batch, FP32 outputs) run one by one
+        limit = 1  # samples per stacked run (1: every batch as given)
+        decided = False
+        pending: list[dict[str, Any]] = []
+        stats = qgraph.calibration
+
+        def flush() -> None:
+            if pending:
+                ex.run(concat(pending))
+                stats.executor_runs += 1
+                pending.clear()
+
+        shard = current_shard() if ctx.settings.distributed else None  # passes.distributed
+        if shard is not None:
+            check_mergeable([o for _, o in observed])
+            keep_outputs = keep_outputs and shard.rank == 0
+        first_batches = first_samples = 0
         with torch.no_grad():
-            for batch in ctx.track(data, "calibrating", total=data.num_batches):
+            for index, batch in enumerate(ctx.track(data, "calibrating", total=data.num_batches)):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
-                if len(qgraph.validation_batches) < VALIDATION_BATCHES and \
-                        sum(map(_samples, qgraph.validation_batches)) < VALIDATION_SAMPLES:
+                if first_batches < VALIDATION_BATCHES and first_samples < VALIDATION_SAMPLES:
+                    first_batches += 1
+                    first_samples += samples_in(batch)
                     qgraph.validation_batches.append(batch)
+                    if shard is not None and shard.rank != 0:
+                        continue  # rank 0 observes the first batches, as one process would
                     outputs = ex.run(batch)
+                    stats.executor_runs += 1
                     if keep_outputs:  # export validation's FP32 reference, not computed again there
                         qgraph.validation_fp32.append(outputs)
-                else:
+                    if probing:
+                        first_runs.append((batch, outputs))
+                    continue
+                if not decided:
+                    decided = True
+                    if blocker is None and (shard is None or shard.rank == 0):
+                        feeding = False
+                        limit, blocker = self._check_stacking(ex, first_runs, probe, probing, budget, stats)
+                        feeding = True
+                    if shard is not None:  # the other ranks stack as rank 0 found it may
+                        limit, blocker = broadcast_from_rank0((limit, blocker))
+                    probing.clear()
+                    first_runs.clear()
+                if shard is not None and not shard.owns(index, first_batches):
+                    continue
+                if limit <= 1:
                     ex.run(batch)
+                    stats.executor_runs += 1
+                    continue
+                if pending and (not same_layout(pending[0], batch)
+                                or sum(map(samples_in, pending)) + samples_in(batch) > limit):
+                    flush()
+                pending.append(batch)
+                if sum(map(samples_in, pending)) >= limit:
+                    flush()
+            flush()
+        if shard is not None:
+            merge_observers_across_ranks([o for _, o in observed])
+        if not decided and blocker is None:
+            blocker = "every calibration batch was one of the first, run one by one for export validation"
+        stats.stack_samples = limit
+        stats.stack_blocker = blocker or ""
         if keep_outputs:
             qgraph.validation_fp32_state = graph_state(graph)
         bits = ctx.settings.range_bits

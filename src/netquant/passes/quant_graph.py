@@ -95,10 +95,14 @@ class CleanupCounts:
 
 @dataclass
 class CalibrationCounts:
-    """What calibration observed: activation tensors observed and those given a flat lower bound."""
+    """What calibration observed: activation tensors observed and those given a flat lower bound; how it ran:
+    executor runs, samples per stacked run (1: batches as given) and why it did not stack ('' when it did)."""
 
     observed_tensors: int = 0
     flat_bounds: int = 0
+    executor_runs: int = 0
+    stack_samples: int = 1
+    stack_blocker: str = ""
 
 
 class QuantizedGraph:

@@ -79,6 +79,12 @@ class QuantSettings:
     placement_time_s: cap on placement's profiling and sensitivity seconds (None: 15% of the quantization time
         before it, at least 0.25 s; where the per-region search decides, half of that time, at least 1.5 s). A soft
         cap: the whole-model timings and the FP32 and all-INT8 profiles run whatever it is.
+    calib_stack_mb: batched calibration (passes.calib_stack): equal-shape calibration batches run stacked, as many
+        samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
+        unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
+    distributed: calibration sharded over the torch.distributed group (passes.distributed; torchrun's variables
+        create a gloo group when none exists): every rank passes the same data, runs its share, and the observers are
+        merged exactly (order-invariant observers only). Rank 0 places and writes; the other ranks skip placement.
     """
 
     platform: Platform
@@ -110,6 +116,8 @@ class QuantSettings:
     higher_is_better: bool = True
     placement_from: str | os.PathLike[str] | None = None
     placement_time_s: float | None = None
+    calib_stack_mb: float = 256.0
+    distributed: bool = False
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
@@ -161,6 +169,8 @@ class QuantSettings:
                               "eval_data, an iterable of (inputs, target) pairs")
         if self.placement_time_s is not None and self.placement_time_s < 0:
             raise ConfigError(f"placement_time_s must be None or >= 0, got {self.placement_time_s!r}")
+        if not isinstance(self.calib_stack_mb, (int, float)) or self.calib_stack_mb < 0:
+            raise ConfigError(f"calib_stack_mb must be a number >= 0 (0: no stacking), got {self.calib_stack_mb!r}")
         if self.max_calib_batches is not None and self.max_calib_batches < 1:
             raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
         from netquant.passes.observers import observer_names
