@@ -229,6 +229,8 @@ def nncf_peer(src: Path, out: Path, block: int, mode: str, feeds: list[dict[str,
 
 
 def _peer_row(rows: list[str], label: str, block: int, run, out: Path, evals: np.ndarray, fp32: float) -> None:
+    for stale in (out, out.with_name(out.name + ".data")):  # onnx appends external data to an existing file
+        stale.unlink(missing_ok=True)
     try:
         secs = run()
         bpb = bits_per_byte(out, evals)
