@@ -21,8 +21,17 @@ from netquant.analysis import (
     snr_db,
     worst,
 )
+from netquant.api.float_result import (
+    FloatGroup,
+    FloatPolicy,
+    Int8Share,
+    check_float_result,
+    float_groups,
+    int8_share,
+)
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE, EngineComparison
 from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
@@ -32,16 +41,24 @@ if TYPE_CHECKING:
     from netquant.api.placement import Placement
 
 
+MODEL_FILES = (ExportKind.QDQ, ExportKind.OPENVINO_IR, ExportKind.TFLITE, ExportKind.NCNN)
+
+
 class QuantizedModel:
     """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
-                 calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
+                 calib_data: CalibrationData | None = None, placement: Placement | None = None,
+                 min_cosine: float | None = None, float_policy: FloatPolicy | None = None) -> None:
         self.qgraph = qgraph
         self.source = source
         self.timings = dict(timings or {})
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
+        # exports are refused below this output cosine vs FP32 in their engine (None: fidelity.DEFAULT_MIN_COSINE)
+        self.min_cosine = DEFAULT_MIN_COSINE if min_cosine is None else min_cosine
+        self.vs_fp32: list[EngineComparison] = []  # each validated model export: the file in its engine vs FP32
+        self.float_policy = float_policy if float_policy is not None else FloatPolicy()  # api.float_result
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -67,12 +84,29 @@ class QuantizedModel:
         for n in graph.nodes:
             if n.name in quantized:
                 types[n.op_type] = types.get(n.op_type, 0) + 1
+        share = self.int8_share()
         return {"platform": self.platform.name, "ops": len(graph.nodes), "quantized_ops": len(quantized),
                 "quantized_by_type": dict(sorted(types.items())), "timings_s": dict(self.timings),
                 "cleanup": dataclasses.asdict(self.qgraph.cleanup),
                 "calibration": dataclasses.asdict(self.qgraph.calibration),
                 "placement": self.placement.summary() if self.placement is not None else None,
+                "int8_regions": {"int8": share.int8, "total": share.total, "fraction": share.fraction,
+                                 "float_file": share.int8 == 0},
+                "float_reasons": [dataclasses.asdict(g) for g in self.float_groups()],
+                "vs_fp32": [c.as_dict() for c in self.vs_fp32],
                 "warnings": list(self.warnings)}
+
+    def check_float(self, where: str) -> Int8Share:
+        """FloatResultError naming `where` when this result is float and its float_policy does not allow it."""
+        return check_float_result(self.qgraph, self.placement, self.float_policy, where)
+
+    def int8_share(self) -> Int8Share:
+        """Regions running in INT8 (or the platform's wider format) out of all quantizable regions."""
+        return int8_share(self.qgraph, self.placement)
+
+    def float_groups(self) -> list[FloatGroup]:
+        """Why regions stay float, grouped by reason and kind of op (api.float_result)."""
+        return float_groups(self.qgraph, self.placement)
 
     def save_placement(self, path: str | Path) -> Path:
         """Write this model's placement file (JSON), re-applied with quantize_onnx(..., placement_from=path)."""
@@ -176,7 +210,10 @@ class QuantizedModel:
     def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
         TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
-        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
+        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
+        Model files: FloatResultError when no region runs in INT8 (allow_float=True writes it anyway), ExportError when
+        an output is below min_fp32_cosine vs FP32 in the engine (default: quantize_onnx's min_cosine); the comparison
+        is kept in self.vs_fp32 and summary()["vs_fp32"]."""
         try:
             fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
         except ValueError:
@@ -186,7 +223,25 @@ class QuantizedModel:
         planned = [("export path", path, f"{fmt.value} file")]
         planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
-        return writer(fmt)(self.qgraph, path, **kwargs)
+        return self.write(fmt, path, **kwargs)
+
+    def write(self, fmt: ExportKind, path: str | Path, **kwargs: Any) -> Any:
+        """The writer of `fmt` without export's output checks (the CLI stages its files itself). Model files: refused
+        when the result is float (api.float_result; allow_float=True accepts it), or below min_fp32_cosine (default
+        self.min_cosine) vs FP32 in their engine; their comparison is kept in self.vs_fp32. The quant-params JSON
+        carries the comparisons made so far."""
+        allow = kwargs.pop("allow_float", None)
+        if fmt in MODEL_FILES:
+            policy = self.float_policy if allow is None else dataclasses.replace(self.float_policy, allow_float=allow)
+            check_float_result(self.qgraph, self.placement, policy, f"{self.source or self.graph.name} -> {path}")
+            kwargs.setdefault("min_fp32_cosine", self.min_cosine)
+        elif fmt is ExportKind.JSON:
+            kwargs.setdefault("vs_fp32", [c.as_dict() for c in self.vs_fp32])
+        report = writer(fmt)(self.qgraph, path, **kwargs)
+        comparison = getattr(report, "vs_fp32", None)
+        if comparison is not None:
+            self.vs_fp32.append(comparison)
+        return report
 
     def __repr__(self) -> str:
         return (f"QuantizedModel({self.source or self.graph.name!r}, platform={self.platform.name}, "

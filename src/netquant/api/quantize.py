@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 import torch
 
+from netquant.api.float_result import FloatPolicy
 from netquant.api.model import QuantizedModel
 from netquant.errors import ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
@@ -21,7 +22,7 @@ from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.passes.base import PassBase
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
-from netquant.passes.settings import QuantSettings
+from netquant.passes.settings import Objective, QuantSettings
 from netquant.platforms import Platform
 from netquant.platforms.platform import Validation
 
@@ -69,6 +70,17 @@ def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph)
                      f"{type(model).__name__}")
 
 
+def _source_onnx(graph: Graph, required: bool) -> onnx.ModelProto | None:
+    """The loaded model as ONNX (placement's speed floor, export's FP32 reference); None where it cannot be written
+    and placement does not need it (export then compares with the cleaned-up graph)."""
+    if required:
+        return to_onnx(graph, check=False)
+    try:
+        return to_onnx(graph, check=False)
+    except Exception:  # noqa: BLE001 - the reference falls back to the cleaned-up graph
+        return None
+
+
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -93,14 +105,18 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
-    see netquant.api.placement).
+    see netquant.api.placement; min_cosine: the lowest output cosine vs FP32 an export may have in its engine
+    (export.fidelity); allow_float / min_int8_fraction: see api.float_result).
+    The model's exports raise FloatResultError when no region runs in INT8 (or fewer than min_int8_fraction), unless
+    allow_float=True or objective='latency'.
     """
     t0 = time.perf_counter()
     s = QuantSettings.from_kwargs(platform, settings)
     graph, source = _load(model)
     _check_float32(graph, source)
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
-    source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
+    # the user's FP32 model: the speed placement must not fall below, and export's FP32 reference (export.fidelity)
+    source_model = _source_onnx(graph, required=timed)
     # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
     widens = s.platform.wider is not None and (s.objective is not None or s.placement_from is not None)
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
@@ -118,13 +134,15 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
             return run_ptq(twin, calib_data, wide_settings, extra_passes=passes).qgraph
 
     t1 = time.perf_counter()
-    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)  # objective / placement_from: measured INT8-or-float per region
+    run.qgraph.fp32_source = source_model
+    placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model if timed else None, wide=wide)  # objective / placement_from: measured INT8-or-float per region
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    return QuantizedModel(run.qgraph, source, timings, kept, placement)
+    policy = FloatPolicy(s.allow_float or s.objective is Objective.LATENCY, s.min_int8_fraction)
+    return QuantizedModel(run.qgraph, source, timings, kept, placement, min_cosine=s.min_cosine, float_policy=policy)
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,

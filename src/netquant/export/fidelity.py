@@ -1,0 +1,278 @@
+"""FP32 vs INT8, measured in the target engine.
+
+Every exported model file runs in its engine on the validation batches (export.validate), and those outputs are
+compared here with the user's FP32 model run in onnxruntime on the same batches: per output the cosine and the
+largest absolute error, and where the output looks like class scores the share of positions whose top-1 class is
+FP32's. Where the engine is onnxruntime on this machine, both files are also timed at the calibration batch size.
+
+A file whose engine output is catastrophically far from FP32 (`check_vs_fp32`: cosine below DEFAULT_MIN_COSINE) is
+refused like a validation failure. The default comes from measurements on this project's models (AMD EPYC, AVX2 without
+VNNI, onnxruntime, default settings, lowest output cosine vs FP32 over the validation batches):
+
+    PP-OCRv4 rec 0.9915 (softmax), PP-OCR cls 0.99990, 6-layer encoder 0.9986,
+    light models: alexnet 0.99998, densenet121 0.99997, inception_v1 0.99977, inception_v2 0.99994,
+    resnet50 0.99991, shufflenet 0.9968, squeezenet 0.99987, vgg19 0.99997, zfnet512 0.99998;
+    broken files: weights x1e-6 under the old scale floor 0.966, an all-zero output 0.0.
+
+So 0.9 refuses a file far outside what sound quantization gives (the worst sound model above is 0.99) and a file
+whose output is mostly wrong; lower it (quantize_onnx(min_cosine=...), `--min-cosine`) for a model known to lose more.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from netquant.errors import ExportError
+from netquant.passes.quant_graph import QuantizedGraph
+
+DEFAULT_MIN_COSINE = 0.9  # output cosine vs FP32 below which an export is refused (module docstring)
+CLASS_SCORE_PRODUCERS = frozenset({"Softmax", "LogSoftmax"})  # rank >= 3 outputs with these producers: class scores
+TIMING_ROUNDS, MIN_TIMING_ROUNDS = 5, 3  # interleaved rounds (one run of each file per round), median ...
+TIMING_BUDGET_S = 0.5  # ... fewer rounds (at least MIN_TIMING_ROUNDS) when 5 would take longer than this
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """One output of the exported file in its engine vs the FP32 model in onnxruntime, over all compared batches.
+
+    cosine: of the flattened outputs (float64); max_abs_err: max |engine - FP32|; top1_agreement: the share of
+    positions (all but the last axis) whose argmax over the last axis equals FP32's, where the output looks like class
+    scores (2-D [N, C] with C > 1, or a Softmax / LogSoftmax output with C > 1), else None. Integer outputs: cosine is
+    the share of equal elements.
+    """
+
+    name: str
+    cosine: float
+    max_abs_err: float
+    top1_agreement: float | None = None
+    top1_positions: int = 0
+    shape: tuple[int, ...] = ()  # the FP32 output's shape on the first batch
+
+    def words(self) -> str:
+        top1 = f", top-1 agreement {100 * self.top1_agreement:.1f}%" if self.top1_agreement is not None else ""
+        return f"cosine {self.cosine:.5f}, max err {self.max_abs_err:.3g}{top1}"
+
+
+@dataclass
+class EngineComparison:
+    """FP32 vs INT8 of one exported file: every output (OutputComparison) and, where timed, the latency of both.
+
+    int8_ms / fp32_ms: medians of `timing_rounds` interleaved runs of one batch of `timed_batch` samples (onnxruntime
+    CPU sessions with default threads, the ones validation ran); None where the engine is not timed here.
+    """
+
+    engine: str  # the engine that ran the exported file ("onnxruntime", "OpenVINO", "LiteRT", "ncnn", ...)
+    reference: str  # what FP32 is: the source model (or the cleaned-up graph) in onnxruntime
+    outputs: list[OutputComparison] = field(default_factory=list)
+    batches: int = 0
+    samples: int = 0
+    data: str = "calibration batches"  # which batches: the kept calibration batches, or the export's `sample`
+    int8_ms: float | None = None
+    fp32_ms: float | None = None
+    timed_batch: int | None = None
+    timing_rounds: int = 0
+    seconds: float = 0.0  # what the comparison and the timing cost (the FP32 session, its runs, the timed runs)
+
+    @property
+    def speedup(self) -> float | None:
+        """FP32 time / INT8 time (None: not timed)."""
+        if self.int8_ms is None or self.fp32_ms is None or self.int8_ms <= 0:
+            return None
+        return self.fp32_ms / self.int8_ms
+
+    @property
+    def min_cosine(self) -> float:
+        return min((o.cosine for o in self.outputs), default=1.0)
+
+    def speed_words(self) -> str:
+        s = self.speedup
+        if s is None:
+            return ""
+        return f"{s:.2f}x faster" if s >= 1 else f"{1 / s:.2f}x slower"
+
+    def line(self, float_file: bool = False) -> str:
+        """'INT8 vs FP32 in onnxruntime: cosine 0.99987, max err 0.012, top-1 agreement 99.5%, 1.53x faster' (one
+        output; several: each named). float_file: the file has no INT8 region (the speed is graph clean-up's)."""
+        what = "float file vs FP32" if float_file else "INT8 vs FP32"
+        if len(self.outputs) == 1:
+            body = self.outputs[0].words()
+        else:
+            body = "; ".join(f"{o.name}: {o.words()}" for o in self.outputs)
+        speed = self.speed_words()
+        if speed:
+            speed += f" (batch {self.timed_batch}, median of {self.timing_rounds})"
+            if float_file:
+                speed += ": no INT8 region, a gain from graph clean-up alone"
+        return f"{what} in {self.engine}: {body}{', ' + speed if speed else ''} ({self.samples} samples of the {self.data})"
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["speedup"] = self.speedup
+        d["outputs"] = [{**asdict(o), "shape": list(o.shape)} for o in self.outputs]
+        return d
+
+
+def is_class_scores(shape: tuple[int, ...], producer: str | None) -> bool:
+    """2-D [N, C] with C > 1, or rank >= 3 with C > 1 on the last axis produced by Softmax / LogSoftmax."""
+    if len(shape) < 2 or shape[-1] <= 1:
+        return False
+    return len(shape) == 2 or producer in CLASS_SCORE_PRODUCERS
+
+
+def compare_output(name: str, engine: Sequence[np.ndarray], fp32: Sequence[np.ndarray],
+                   producer: str | None = None) -> OutputComparison:
+    """OutputComparison of one output from per-batch engine and FP32 arrays (an engine array with FP32's element
+    count but another shape, e.g. ncnn's [N, -1], is reshaped to FP32's)."""
+    eng = [np.asarray(e).reshape(f.shape) if np.asarray(e).size == f.size else np.asarray(e)
+           for e, f in zip(engine, fp32)]
+    for e, f in zip(eng, fp32):
+        if e.shape != f.shape:
+            raise ExportError(f"output '{name}' has shape {e.shape} in the engine but {f.shape} in the FP32 model")
+    y = np.concatenate([e.ravel() for e in eng]).astype(np.float64)
+    r = np.concatenate([f.ravel() for f in fp32]).astype(np.float64)
+    err = float(np.abs(y - r).max(initial=0.0))
+    if not np.issubdtype(np.asarray(fp32[0]).dtype, np.floating):
+        return OutputComparison(name, float(np.mean(y == r)) if y.size else 1.0, err, shape=tuple(fp32[0].shape))
+    from netquant.export.validate import cosine
+
+    top1, positions = None, 0
+    if is_class_scores(tuple(fp32[0].shape), producer):
+        hits = [np.argmax(e, axis=-1) == np.argmax(f, axis=-1) for e, f in zip(eng, fp32)]
+        positions = sum(h.size for h in hits)
+        top1 = float(sum(h.sum() for h in hits) / max(positions, 1))
+    return OutputComparison(name, cosine(y, r), err, top1, positions, tuple(int(d) for d in fp32[0].shape))
+
+
+# ---- the FP32 reference in onnxruntime --------------------------------------------------------------
+
+@dataclass
+class _Reference:
+    key: tuple[Any, ...]
+    session: Any
+    label: str
+
+
+_REFERENCES: weakref.WeakKeyDictionary[Any, _Reference] = weakref.WeakKeyDictionary()
+
+
+def _cleaned_fp32(qgraph: QuantizedGraph) -> onnx.ModelProto:
+    """The cleaned-up FP32 graph as ONNX with the FP32 biases (bias correction's rewrites undone)."""
+    from onnx import numpy_helper
+
+    from netquant.export.onnx_qdq import fp32_onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(fp32_onnx(qgraph))
+    if qgraph.bias_corrections:
+        for t in model.graph.initializer:
+            bc = qgraph.bias_corrections.get(t.name)
+            if bc is not None:
+                t.CopyFrom(numpy_helper.from_array(bc.original.detach().cpu().numpy(), t.name))
+    return model
+
+
+def fp32_reference(qgraph: QuantizedGraph) -> tuple[Any, str]:
+    """(onnxruntime session, what it is) of the FP32 model: the user's source model (QuantizedGraph.fp32_source) where
+    it runs in onnxruntime, else the cleaned-up graph with its FP32 biases. Memoised per quantized graph."""
+    from netquant.export.validate import ort_session
+    from netquant.passes.calibration import graph_state
+
+    key = (graph_state(qgraph.graph), id(getattr(qgraph, "fp32_source", None)))
+    ref = _REFERENCES.get(qgraph)
+    if ref is not None and ref.key == key:
+        return ref.session, ref.label
+    source = getattr(qgraph, "fp32_source", None)
+    session, label = None, ""
+    if source is not None:
+        try:
+            session, label = ort_session(source.SerializeToString(), "FP32 source model"), "the source FP32 model"
+        except (ExportError, ValueError):
+            session = None
+    if session is None:
+        session = ort_session(_cleaned_fp32(qgraph).SerializeToString(), "FP32 model")
+        label = "the cleaned-up FP32 graph"
+    _REFERENCES[qgraph] = _Reference(key, session, label + " in onnxruntime")
+    return session, label + " in onnxruntime"
+
+
+def _producers(qgraph: QuantizedGraph) -> dict[str, str]:
+    return {o: n.op_type for n in qgraph.graph.nodes for o in n.outputs if o}
+
+
+def compare_with_fp32(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.ndarray]],
+                      batches: Sequence[Mapping[str, np.ndarray]], engine: str, *, sample_given: bool = False
+                      ) -> EngineComparison:
+    """EngineComparison of the engine's outputs (per output name, one array per batch of `batches`) against the FP32
+    model (fp32_reference) run on the same batches. Outputs the FP32 model lacks are skipped. sample_given: the batches
+    are the export's `sample` (possibly held out), not the kept calibration batches."""
+    start = time.perf_counter()
+    sess, label = fp32_reference(qgraph)
+    names = [o.name for o in sess.get_outputs()]
+    inputs = {i.name for i in sess.get_inputs()}
+    fp32: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    for feeds in batches:
+        try:
+            got = sess.run(None, {k: v for k, v in feeds.items() if k in inputs})
+        except Exception as exc:
+            raise ExportError(f"the FP32 model ({label}) fails on a validation batch: {exc}") from exc
+        for n, y in zip(names, got):
+            fp32[n].append(y)
+    producers = _producers(qgraph)
+    outputs = [compare_output(n, engine_outputs[n], fp32[n], producers.get(n)) for n in names
+               if n in engine_outputs and len(engine_outputs[n]) == len(batches)]
+    samples = sum(int(next(iter(b.values())).shape[0]) if b and next(iter(b.values())).ndim else 1 for b in batches)
+    return EngineComparison(engine=engine, reference=label, outputs=outputs, batches=len(batches), samples=samples,
+                            data="export's sample batch" if sample_given else "calibration batches",
+                            seconds=time.perf_counter() - start)
+
+
+def time_vs_fp32(comparison: EngineComparison, int8_session: Any, qgraph: QuantizedGraph,
+                 feeds: Mapping[str, np.ndarray]) -> EngineComparison:
+    """Time the INT8 onnxruntime session and the FP32 reference on `feeds` (one batch as calibrated): interleaved
+    rounds, one run of each per round, median; fills comparison's latency fields and returns it. Both sessions have
+    run these shapes already (validation, compare_with_fp32), so no warm-up run is added."""
+    start = time.perf_counter()
+    fp32_session, _ = fp32_reference(qgraph)
+    f8 = {i.name: feeds[i.name] for i in int8_session.get_inputs() if i.name in feeds}
+    f32 = {i.name: feeds[i.name] for i in fp32_session.get_inputs() if i.name in feeds}
+    t8: list[float] = []
+    t32: list[float] = []
+    rounds = TIMING_ROUNDS
+    for i in range(TIMING_ROUNDS):
+        for sess, f, out in ((int8_session, f8, t8), (fp32_session, f32, t32)):
+            t = time.perf_counter()
+            sess.run(None, f)
+            out.append(1e3 * (time.perf_counter() - t))
+        if i == 0:
+            rounds = max(MIN_TIMING_ROUNDS, min(TIMING_ROUNDS, int(TIMING_BUDGET_S * 1e3 / max(t8[0] + t32[0], 1e-6))))
+        if i + 1 >= rounds:
+            break
+    first = next(iter(feeds.values())) if feeds else None
+    comparison.int8_ms, comparison.fp32_ms = statistics.median(t8), statistics.median(t32)
+    comparison.timed_batch = int(first.shape[0]) if first is not None and first.ndim else 1
+    comparison.timing_rounds = len(t8)
+    comparison.seconds += time.perf_counter() - start
+    return comparison
+
+
+def check_vs_fp32(comparison: EngineComparison | None, min_cosine: float | None, where: str) -> None:
+    """ExportError naming every output whose cosine vs FP32 is below min_cosine (None: no check)."""
+    if comparison is None or min_cosine is None:
+        return
+    bad = [o for o in comparison.outputs if o.cosine < min_cosine]
+    if bad:
+        detail = "; ".join(f"output '{o.name}': {o.words()}" for o in bad)
+        raise ExportError(
+            f"exported model for '{where}' loses too much against FP32 in {comparison.engine} over "
+            f"{comparison.samples} sample(s) ({detail}; min_cosine {min_cosine}): the quantized model is broken for "
+            "these inputs (tiny weights or activations, or a model that does not survive 8 bits). Check the "
+            "calibration data, keep the layers named by layer_report in float (force_fp32 / --fp32-ops), or lower the "
+            "threshold (quantize_onnx(min_cosine=...) / --min-cosine) to write it anyway. No file written.")
