@@ -139,3 +139,30 @@ def test_cli_refuses_a_float_file_unless_allowed_or_latency(run_cli: CliInvoke, 
     assert "0 of 5 regions in INT8: the file runs in float" in _flat(latency.output)
     strict = run_cli(*common, "--allow-float", "--min-int8-fraction", "2")
     assert strict.exit_code == 2  # click's range check
+
+
+@pytest.mark.slow
+def test_mobilenet_v2_ships_int8_or_is_refused_with_its_reasons(tmp_path):
+    """The issue's journey: MobileNetV2 (torchvision's layout, 53 regions, random weights) with the defaults. Whatever
+    placement decides on this CPU, a file with no INT8 region is refused with the reasons by kind (depthwise Conv
+    among them) and written with allow_float; otherwise it is written and compared with FP32."""
+    import torch
+
+    from netquant.api import quantize_torch
+    from tests.helpers.float_models import mobilenet_v2
+
+    rng = np.random.default_rng(0)
+    calib = [rng.standard_normal((8, 3, 96, 96)).astype(np.float32) for _ in range(2)]
+    qm = quantize_torch(mobilenet_v2(width=0.5), torch.from_numpy(calib[0][:1]), calib, quiet=True,
+                        dynamic_axes={"input_0": {0: "N"}})
+    share = qm.int8_share()
+    assert share.total == 53
+    if share.int8 == 0:
+        with pytest.raises(FloatResultError, match="0 of 53 regions") as err:
+            qm.export(tmp_path / "m.onnx")
+        assert "all INT8: loss" in str(err.value)
+        assert any(g.kind == "depthwise Conv" for g in qm.float_groups())
+        report = qm.export(tmp_path / "m.onnx", allow_float=True)
+    else:
+        report = qm.export(tmp_path / "m.onnx")
+    assert report.vs_fp32.outputs[0].top1_agreement is not None and report.vs_fp32.outputs[0].cosine > 0.9

@@ -75,7 +75,7 @@ def test_onnxruntime_export_reports_fp32_vs_int8_recomputed_independently(tmp_pa
 
 
 def test_a_catastrophic_loss_is_refused_naming_the_output_unless_the_threshold_is_lowered(tmp_path):
-    """A threshold above the file's cosine stands in for a broken file (which the default, 0.9, refuses: see
+    """A threshold above the file's cosine stands in for a broken file (which the default, 0.97, refuses: see
     test_broken_outputs_fall_below_the_default): ExportError with the numbers and the output, no file."""
     cos = _quantize().export(tmp_path / "ok.onnx").vs_fp32.outputs[0].cosine
     strict = _quantize(min_cosine=(1 + cos) / 2)
