@@ -109,40 +109,35 @@ def float_words(groups: list[FloatGroup]) -> str:
     return "; ".join(f"{reason}: {', '.join(kinds)}" for reason, kinds in by_reason.items())
 
 
-def _ms(m: dict[str, Any], *keys: str) -> float | None:
-    for k in keys:
-        v = m.get(k)
-        if isinstance(v, (int, float)):
-            return float(v)
+def _pair(m: dict[str, Any], t_key: str, ref_key: str) -> tuple[float, float] | None:
+    t, ref = m.get(t_key), m.get(ref_key)
+    if isinstance(t, (int, float)) and isinstance(ref, (int, float)) and t > 0:
+        return float(t), float(ref)
     return None
 
 
 def tradeoff_lines(placement: Placement | None) -> list[str]:
-    """The measured trade-off: all INT8 (loss, time), the placed file, all float (time), from placement.measured."""
+    """The measured trade-off: all INT8 (loss, time), the placed file, all float (time), from placement.measured.
+    Each time is compared with the FP32 model measured the same way: wall clock against the source model (batch 1,
+    one thread) where placement timed it so, else per-node profiles against the profiled FP32 graph."""
     if placement is None:
         return ["not measured (objective None: the platform's rules alone decided)"]
     m = placement.measured
-    wall = "source_fp32_wall_ms" in m
-    fp32 = _ms(m, "source_fp32_wall_ms", "fp32_ms")
-    all8 = _ms(m, "all_int8_wall_ms", "all_int8_ms") if wall else _ms(m, "all_int8_ms")
-    placed = _ms(m, "placed_wall_ms", "placed_ms") if wall else _ms(m, "placed_ms")
-    flt = _ms(m, "all_float_wall_ms", "fp32_ms") if wall else _ms(m, "fp32_ms")
 
-    def speed(t: float | None) -> str:
-        if t is None or fp32 is None or t <= 0:
-            return "time not measured"
-        return f"{t:.3f} ms, {fp32 / t:.2f}x the FP32 model's speed"
+    def speed(wall: str, profiled: str) -> str:
+        for key, ref, how in ((wall, "source_fp32_wall_ms", "wall clock"), (profiled, "fp32_ms", "profiled")):
+            p = _pair(m, key, ref)
+            if p is not None:
+                return f"{p[0]:.3f} ms vs FP32 {p[1]:.3f} ms ({how}): {p[1] / p[0]:.2f}x the FP32 speed"
+        return "time not measured"
 
     def loss(x: Any) -> str:
         return f"loss {x:.4g} (1 - output cosine)" if isinstance(x, (int, float)) else "loss not measured"
 
-    fp32_words = f"{fp32:.3f} ms" if fp32 is not None else "not timed"
-    how = "wall clock, batch 1, one thread" if wall else "onnxruntime profiles, batch 1, one thread"
-    return [f"all INT8: {loss(m.get('loss_all_int8'))}, {speed(all8)}",
-            f"placed (this result): {loss(m.get('loss_placed'))}, {speed(placed)}",
-            f"all float: {speed(flt)}",
-            f"(FP32 model: {fp32_words}; {how}; max_loss "
-            f"{placement.max_loss})"]
+    return [f"all INT8: {loss(m.get('loss_all_int8'))}, {speed('all_int8_wall_ms', 'all_int8_ms')}",
+            f"placed (this result): {loss(m.get('loss_placed'))}, {speed('placed_wall_ms', 'placed_ms')}",
+            f"all float: {speed('all_float_wall_ms', 'fp32_ms')}",
+            f"(batch 1, one thread, onnxruntime here; max_loss {placement.max_loss})"]
 
 
 def check_float_result(qgraph: QuantizedGraph, placement: Placement | None, policy: FloatPolicy, where: str

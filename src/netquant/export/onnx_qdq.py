@@ -106,7 +106,8 @@ class ExportReport:
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x){target}; cosine vs executor {cos}{checked}; "
                 f"{'int8 layers in ' + self.engine.split(' (')[0] if self.engine else 'onnxruntime int8 kernels'}: {kernels}"
-                + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
+                + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else "")
+                + (f"; {self.vs_fp32.line()}" if self.vs_fp32 is not None else ""))
 
 
 VALIDATION_LABELS = {

@@ -42,7 +42,7 @@ class TfliteExportReport(ExportReport):
                 f"{self.quantize_nodes} QUANTIZE / {self.dequantize_nodes} DEQUANTIZE, "
                 f"{len(self.float_ops or [])} ops in float; {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x); cosine vs fake-quant {cos}{checked}; "
-                f"LiteRT int8 ops: {kernels}")
+                f"LiteRT int8 ops: {kernels}" + (f"; {self.vs_fp32.line()}" if self.vs_fp32 is not None else ""))
 
 
 def static_inputs(qgraph: QuantizedGraph, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
