@@ -213,58 +213,66 @@ def _producers(qgraph: QuantizedGraph) -> dict[str, str]:
 
 
 def compare_with_fp32(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.ndarray]],
-                      batches: Sequence[Mapping[str, np.ndarray]], engine: str, *, sample_given: bool = False
-                      ) -> EngineComparison:
+                      batches: Sequence[Mapping[str, np.ndarray]], engine: str, *, sample_given: bool = False,
+                      int8_session: Any = None) -> EngineComparison:
     """EngineComparison of the engine's outputs (per output name, one array per batch of `batches`) against the FP32
     model (fp32_reference) run on the same batches. Outputs the FP32 model lacks are skipped. sample_given: the batches
-    are the export's `sample` (possibly held out), not the kept calibration batches."""
+    are the export's `sample` (possibly held out), not the kept calibration batches.
+
+    int8_session: the exported file's onnxruntime session (it has run `batches`): both files are then timed, and the
+    FP32 runs the comparison needs are the timed ones: after one warm-up run, interleaved rounds (one run of each file
+    on the same batch) over the batches shaped like the first, repeated to at least MIN_TIMING_ROUNDS (TIMING_ROUNDS
+    within TIMING_BUDGET_S), median of each."""
     start = time.perf_counter()
     sess, label = fp32_reference(qgraph)
     names = [o.name for o in sess.get_outputs()]
-    inputs = {i.name for i in sess.get_inputs()}
-    fp32: dict[str, list[np.ndarray]] = {n: [] for n in names}
-    for feeds in batches:
+    wanted = {i.name for i in sess.get_inputs()}
+    feeds = [{k: v for k, v in b.items() if k in wanted} for b in batches]
+
+    def run(i: int) -> list[np.ndarray]:
         try:
-            got = sess.run(None, {k: v for k, v in feeds.items() if k in inputs})
+            return sess.run(None, feeds[i])
         except Exception as exc:
             raise ExportError(f"the FP32 model ({label}) fails on a validation batch: {exc}") from exc
-        for n, y in zip(names, got):
-            fp32[n].append(y)
+
+    got: dict[int, list[np.ndarray]] = {}
+    t8: list[float] = []
+    t32: list[float] = []
+    if int8_session is not None and batches:
+        f8 = [{k: v for k, v in b.items() if k in {i.name for i in int8_session.get_inputs()}} for b in batches]
+        shape0 = {k: v.shape for k, v in batches[0].items()}
+        same = [i for i, b in enumerate(batches) if {k: v.shape for k, v in b.items()} == shape0]
+        got[0] = run(0)  # warm-up (the int8 session ran every batch in validation)
+        order, n = list(same), 0
+        while n < len(order):
+            i = order[n]
+            t = time.perf_counter()
+            int8_session.run(None, f8[i])
+            t8.append(1e3 * (time.perf_counter() - t))
+            t = time.perf_counter()
+            got[i] = run(i)
+            t32.append(1e3 * (time.perf_counter() - t))
+            if n == 0:
+                fit = int(TIMING_BUDGET_S * 1e3 / max(t8[0] + t32[0], 1e-6))
+                rounds = max(MIN_TIMING_ROUNDS, len(same), min(TIMING_ROUNDS, fit))
+                order += [same[k % len(same)] for k in range(len(order), rounds)]
+            n += 1
+    for i in range(len(batches)):
+        if i not in got:
+            got[i] = run(i)
+    fp32 = {n: [got[i][k] for i in range(len(batches))] for k, n in enumerate(names)}
     producers = _producers(qgraph)
     outputs = [compare_output(n, engine_outputs[n], fp32[n], producers.get(n)) for n in names
                if n in engine_outputs and len(engine_outputs[n]) == len(batches)]
     samples = sum(int(next(iter(b.values())).shape[0]) if b and next(iter(b.values())).ndim else 1 for b in batches)
-    return EngineComparison(engine=engine, reference=label, outputs=outputs, batches=len(batches), samples=samples,
-                            data="export's sample batch" if sample_given else "calibration batches",
-                            seconds=time.perf_counter() - start)
-
-
-def time_vs_fp32(comparison: EngineComparison, int8_session: Any, qgraph: QuantizedGraph,
-                 feeds: Mapping[str, np.ndarray]) -> EngineComparison:
-    """Time the INT8 onnxruntime session and the FP32 reference on `feeds` (one batch as calibrated): interleaved
-    rounds, one run of each per round, median; fills comparison's latency fields and returns it. Both sessions have
-    run these shapes already (validation, compare_with_fp32), so no warm-up run is added."""
-    start = time.perf_counter()
-    fp32_session, _ = fp32_reference(qgraph)
-    f8 = {i.name: feeds[i.name] for i in int8_session.get_inputs() if i.name in feeds}
-    f32 = {i.name: feeds[i.name] for i in fp32_session.get_inputs() if i.name in feeds}
-    t8: list[float] = []
-    t32: list[float] = []
-    rounds = TIMING_ROUNDS
-    for i in range(TIMING_ROUNDS):
-        for sess, f, out in ((int8_session, f8, t8), (fp32_session, f32, t32)):
-            t = time.perf_counter()
-            sess.run(None, f)
-            out.append(1e3 * (time.perf_counter() - t))
-        if i == 0:
-            rounds = max(MIN_TIMING_ROUNDS, min(TIMING_ROUNDS, int(TIMING_BUDGET_S * 1e3 / max(t8[0] + t32[0], 1e-6))))
-        if i + 1 >= rounds:
-            break
-    first = next(iter(feeds.values())) if feeds else None
-    comparison.int8_ms, comparison.fp32_ms = statistics.median(t8), statistics.median(t32)
-    comparison.timed_batch = int(first.shape[0]) if first is not None and first.ndim else 1
-    comparison.timing_rounds = len(t8)
-    comparison.seconds += time.perf_counter() - start
+    comparison = EngineComparison(engine=engine, reference=label, outputs=outputs, batches=len(batches),
+                                  samples=samples, data="export's sample batch" if sample_given else "calibration batches")
+    if t8:
+        first = next(iter(batches[0].values()), None)
+        comparison.int8_ms, comparison.fp32_ms = statistics.median(t8), statistics.median(t32)
+        comparison.timed_batch = int(first.shape[0]) if first is not None and first.ndim else 1
+        comparison.timing_rounds = len(t8)
+    comparison.seconds = time.perf_counter() - start
     return comparison
 
 

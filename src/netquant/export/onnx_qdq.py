@@ -21,7 +21,6 @@ from netquant.export.fidelity import (
     EngineComparison,
     check_vs_fp32,
     compare_with_fp32,
-    time_vs_fp32,
 )
 from netquant.export.opset import (
     ai_onnx_opset,
@@ -341,10 +340,9 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
                         raise
                     vs_fp32 = compare_with_fp32(qgraph, record, batches, "onnxruntime" if in_engine else
                                                 "the Q/DQ reference (onnxruntime, graph optimizations off)",
-                                                sample_given=sample is not None)
+                                                sample_given=sample is not None,
+                                                int8_session=sess if in_engine else None)
                     check_vs_fp32(vs_fp32, min_fp32_cosine, where)
-                    if in_engine:
-                        time_vs_fp32(vs_fp32, sess, qgraph, batches[0])
                     counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)
     if counts is None and check_kernels:
