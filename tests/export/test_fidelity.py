@@ -70,6 +70,7 @@ def test_onnxruntime_export_reports_fp32_vs_int8_recomputed_independently(tmp_pa
                     r"[\d.]+x (faster|slower) \(batch 8, median of \d\)", line), line
     s = qm.summary()["vs_fp32"]
     assert s[0]["outputs"][0]["cosine"] == o.cosine and s[0]["speedup"] == c.speedup
+    assert json.loads(json.dumps(qm.summary()))["vs_fp32"] == s and qm.vs_fp32 == [c]
     qm.export(tmp_path / "q.json", format="json")
     assert json.loads((tmp_path / "q.json").read_text())["vs_fp32"][0]["outputs"][0]["top1_agreement"] == top1
 
