@@ -197,3 +197,15 @@ def test_ncnn_export_compares_ncnn_outputs_with_fp32(tmp_path):
     assert c.engine == "ncnn" and c.speedup is None
     assert c.outputs[0].cosine == pytest.approx(cos, abs=1e-9) and c.outputs[0].top1_agreement == pytest.approx(top1)
     assert c.outputs[0].max_abs_err == pytest.approx(err) and cos > 0.99
+
+
+def test_a_source_onnxruntime_cannot_run_falls_back_to_the_cleaned_graph_with_fp32_biases(tmp_path):
+    """The reference is the source model where onnxruntime runs it, else the cleaned-up graph (same numbers here:
+    clean-up is exact)."""
+    qm = _quantize()
+    expected = qm.export(tmp_path / "a.onnx").vs_fp32
+    qm.qgraph.fp32_source = onnx.ModelProto()  # onnxruntime cannot load an empty model
+    c = qm.export(tmp_path / "b.onnx").vs_fp32
+    assert expected.reference == "the source FP32 model in onnxruntime"
+    assert c.reference == "the cleaned-up FP32 graph in onnxruntime"
+    assert c.outputs[0].cosine == pytest.approx(expected.outputs[0].cosine, abs=1e-6)
