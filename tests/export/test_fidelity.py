@@ -133,6 +133,14 @@ def test_cli_prints_fp32_vs_int8_and_refuses_below_min_cosine(run_cli: CliInvoke
     assert f"INT8 vs FP32 in onnxruntime: cosine {cos:.5f}" in text and "top-1 agreement" in text
     assert "(batch 8, median of" in text
     out.unlink()
+    report = tmp_path / "r.md"
+    assert run_cli("quantize", model, "--calib", calib, "-o", out, "--batch-size", "8", "-q", "--report",
+                   report).exit_code == 0
+    section = report.read_text().split("## FP32 vs INT8 in onnxruntime\n\n")[1].split("## Per layer")[0]
+    assert section.startswith("24 samples of the calibration batches; FP32: the source FP32 model in onnxruntime; "
+                              "timed at batch 8, median of")
+    assert re.search(r"- `y`: cosine 0\.99\d{3}, max err [\d.e-]+, top-1 agreement [\d.]+%", section), section
+    out.unlink()
     refused = run_cli("quantize", model, "--calib", calib, "-o", out, "--batch-size", "8",
                       "--min-cosine", str((1 + cos) / 2))
     assert refused.exit_code == 1 and not out.exists()

@@ -66,8 +66,11 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str) -> Path:
     if path.suffix.lower() == ".png":
         qmodel.plot_report(path, title=title)
         return path
-    text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
-            "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
+    text = f"# {title}\n\n"
+    for c in qmodel.vs_fp32:  # the written file in its engine (export.fidelity)
+        text += f"## FP32 vs INT8 in {c.engine}\n\n" + c.markdown() + "\n"
+    text += ("## Per layer\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
+             "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(qmodel.layer_report()))
     if qmodel.placement is not None:
         timed = any(r.int8_ms is not None for r in qmodel.placement.regions) or \
             "source_fp32_wall_ms" in qmodel.placement.measured

@@ -118,6 +118,15 @@ class EngineComparison:
                 speed += ": no INT8 region, a gain from graph clean-up alone"
         return f"{what} in {self.engine}: {body}{', ' + speed if speed else ''} ({self.samples} samples of the {self.data})"
 
+    def markdown(self) -> str:
+        """The report's 'FP32 vs INT8' section: what was compared, then one bullet per output."""
+        timing = (f"; timed at batch {self.timed_batch}, median of {self.timing_rounds} interleaved rounds: "
+                  f"{self.int8_ms:.2f} ms vs {self.fp32_ms:.2f} ms FP32, {self.speed_words()}"
+                  if self.speedup is not None else "; speed not measured for this engine here")
+        lines = [f"{self.samples} samples of the {self.data}; FP32: {self.reference}{timing}.", ""]
+        lines += [f"- `{o.name}`: {o.words()}" for o in self.outputs]
+        return "\n".join(lines) + "\n"
+
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["speedup"] = self.speedup
