@@ -242,7 +242,7 @@ def summary_table(f: RunFacts) -> Table:
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
 @click.option("--min-cosine", type=float, default=None,
               help="Refuse the file when an output, run in its engine, has a cosine vs the FP32 model below this "
-                   f"(default {DEFAULT_MIN_COSINE}: a catastrophic loss; 0 or less: never).")
+                   f"(default {DEFAULT_MIN_COSINE}: a catastrophic loss; -1: never).")
 @click.option("--allow-float", is_flag=True,
               help="Write the file even when no region runs in INT8 (or fewer than --min-int8-fraction); otherwise "
                    "such a run exits non-zero with the measured trade-off (--objective latency allows it too).")

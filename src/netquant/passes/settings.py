@@ -64,7 +64,7 @@ class QuantSettings:
     placement_time_s: cap on placement's profiling and sensitivity seconds (None: as long as quantization took
         before it, at least 5 s).
     min_cosine: exports are refused when an output of the file, run in its engine, has a cosine vs the FP32 model
-        below this (None: export.fidelity.DEFAULT_MIN_COSINE; 0 or less: never).
+        below this (None: export.fidelity.DEFAULT_MIN_COSINE; -1: never).
     allow_float: accept a result without INT8 regions (or below min_int8_fraction); otherwise quantize_onnx raises
         FloatResultError (objective 'latency' accepts it: its purpose is the fastest file, float or not).
     min_int8_fraction: the share of regions (INT8 or the wider format) below which the result counts as float
