@@ -32,3 +32,7 @@ class UnsupportedOpError(ModelError, NotImplementedError):
 
 class ExportError(NetquantError):
     """An export could not be produced or failed validation; no file was written."""
+
+
+class FloatResultError(ExportError):
+    """Quantization left no region (or too few) in INT8: the file would be the float model under an INT8 name."""

@@ -154,14 +154,14 @@ def test_cli_objective_placement_and_report(tmp_path):
     out, place, report = tmp_path / "q.onnx", tmp_path / "p.json", tmp_path / "r.md"
     res = CliRunner().invoke(cli, ["quantize", str(model), "--calib", str(tmp_path / "calib.npy"), "-o", str(out),
                                    "--objective", "accuracy", "--max-loss", "0", "--placement", str(place),
-                                   "--report", str(report)])
+                                   "--report", str(report), "--allow-float"])  # max-loss 0: every region float
     assert res.exit_code == 0, res.output
     assert json.loads(place.read_text())["objective"] == "accuracy"
     text = report.read_text()
     assert "## Placement" in text and "conv1" in text and "accuracy budget" in text
     out2 = tmp_path / "q2.onnx"
     res = CliRunner().invoke(cli, ["quantize", str(model), "--calib", str(tmp_path / "calib.npy"), "-o", str(out2),
-                                   "--placement-from", str(place), "--quiet"])
+                                   "--placement-from", str(place), "--quiet", "--allow-float"])
     assert res.exit_code == 0, res.output
     assert onnx.load(str(out2)).graph == onnx.load(str(out)).graph
 

@@ -233,9 +233,9 @@ def test_reshape_and_transpose_across_the_nchw_nhwc_boundary(tmp_path: Path) -> 
 def test_dynamic_shapes_without_a_sample_give_a_clear_export_error(tmp_path: Path) -> None:
     model = conv_net(batch="N")
     qm = netquant.quantize_onnx(model, {"x": images(8)}, platform="tflite_int8", quiet=True,
-                                force_fp32=("glob:*",))  # nothing calibrated: no batches kept
+                                force_fp32=("glob:*",), allow_float=True)  # nothing calibrated: no batches kept
     dyn = _model([helper.make_node("Relu", ["x"], ["y"])], {}, ["N", 3, "H", "W"], "y", ["N", 3, "H", "W"])
-    qd = netquant.quantize_onnx(dyn, {"x": images(8)}, platform="tflite_int8", quiet=True)
+    qd = netquant.quantize_onnx(dyn, {"x": images(8)}, platform="tflite_int8", quiet=True, allow_float=True)
     with pytest.raises(ExportError, match="sample"):
         qd.export(tmp_path / "d.tflite")
     assert not (tmp_path / "d.tflite").exists()

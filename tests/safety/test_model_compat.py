@@ -39,7 +39,7 @@ def test_an_output_without_shape_quantizes_and_exports(tmp_path: Path) -> None:
     with pytest.raises(onnx.checker.ValidationError, match="shape"):
         onnx.checker.check_model(model)  # onnx's checker refuses it, onnxruntime runs it
     with pytest.warns(ModelCheckWarning, match="onnx.checker reports .*shape"):
-        qm = netquant.quantize_onnx(model, CALIB, quiet=True)  # a warning at load, not a gate
+        qm = netquant.quantize_onnx(model, CALIB, quiet=True, allow_float=True)  # a warning at load, not a gate
     report = qm.export(tmp_path / "q.onnx")
     assert report.output_cosine["y"] > 0.98
     exported = onnx.load(tmp_path / "q.onnx")
@@ -50,7 +50,7 @@ def test_an_output_without_shape_quantizes_and_exports(tmp_path: Path) -> None:
 
 def test_ir3_opset7_model_exports_with_an_upgraded_ir(tmp_path: Path) -> None:
     model = ir3_opset7()
-    qm = netquant.quantize_onnx(model, CALIB, quiet=True)
+    qm = netquant.quantize_onnx(model, CALIB, quiet=True, allow_float=True)  # convs too small for int8: float
     report = qm.export(tmp_path / "q.onnx")
     exported = onnx.load(tmp_path / "q.onnx")
     assert report.source_opset == 7 and report.opset == 13
@@ -77,7 +77,7 @@ def test_custom_domain_op_export_names_the_users_file_and_node(tmp_path: Path) -
         return [inputs[0] * 2]
 
     model = custom_domain(domain)
-    qm = netquant.quantize_onnx(model, CALIB, quiet=True)
+    qm = netquant.quantize_onnx(model, CALIB, quiet=True, allow_float=True)
     y = qm.run({"x": torch.from_numpy(images(1, seed=3))}, fake_quant=False)["y"]
     (ref,) = ort_run(conv_relu(), {"x": images(1, seed=3)})
     np.testing.assert_allclose(y.numpy(), 2 * ref, rtol=1e-4, atol=1e-5)  # the executor runs the custom op
@@ -96,7 +96,7 @@ def test_cli_validates_a_dynamic_model_with_its_own_calibration_batch(tmp_path: 
     data = np.random.default_rng(0).standard_normal((4, 5)).astype(np.float32)
     np.save(tmp_path / "calib.npy", data)
     result = CliRunner().invoke(cli, ["quantize", str(tmp_path / "d.onnx"), "--calib", str(tmp_path / "calib.npy"),
-                                      "-o", str(tmp_path / "q.onnx"), "-q"])
+                                      "-o", str(tmp_path / "q.onnx"), "-q", "--allow-float"])  # Relu only
     assert result.exit_code == 0, result.output
     (y,) = ort_run(tmp_path / "q.onnx", {"x": data})
     np.testing.assert_array_equal(y, np.maximum(data, 0))

@@ -111,7 +111,7 @@ def test_all_outputs_are_written_together_and_agree_with_ort(model: Path, tmp_pa
     out.mkdir()
     np.save(tmp_path / "calib.npy", images(8))
     result = quantize(model, "--calib", tmp_path / "calib.npy", "-o", out / "q.onnx", "--json", out / "p.json",
-                      "--trt-cache", out / "c.cache", "--report", out / "r.md")
+                      "--trt-cache", out / "c.cache", "--report", out / "r.md", "--allow-float")  # convs too small
     assert result.exit_code == 0, result.output
     assert files(out) == ["c.cache", "p.json", "q.onnx", "r.md"]  # no staging files left
     x = images(1, seed=9)

@@ -32,9 +32,18 @@ from netquant.analysis.html_report import (
     file_sha256,
     write_html_report,
 )
+from netquant.api.float_result import (
+    FloatGroup,
+    FloatPolicy,
+    Int8Share,
+    check_float_result,
+    float_groups,
+    int8_share,
+)
 from netquant.atomic import write_text_atomic
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE, EngineComparison
 from netquant.export.formats import ExportKind, companions, writer
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.calib_data import CalibrationData
@@ -46,6 +55,9 @@ if TYPE_CHECKING:
     from netquant.api.placement import Placement
 
 
+MODEL_FILES = (ExportKind.QDQ, ExportKind.OPENVINO_IR, ExportKind.TFLITE, ExportKind.NCNN)
+
+
 class QuantizedModel:
     """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error.
 
@@ -55,7 +67,8 @@ class QuantizedModel:
     progress: bool = False
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
-                 calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
+                 calib_data: CalibrationData | None = None, placement: Placement | None = None,
+                 min_cosine: float | None = None, float_policy: FloatPolicy | None = None) -> None:
         self.qgraph = qgraph
         self.source = source
         self.timings = dict(timings or {})
@@ -64,6 +77,10 @@ class QuantizedModel:
         self.threads: int | None = None  # intra-op threads quantization ran with (platforms.threads); export reuses it
         self.rank = 0  # torch.distributed rank of a distributed=True run (only rank 0 writes files)
         self.last_export: tuple[Path, Any] | None = None  # (path, exporter's report) of the latest export
+        # exports are refused below this output cosine vs FP32 in their engine (None: fidelity.DEFAULT_MIN_COSINE)
+        self.min_cosine = DEFAULT_MIN_COSINE if min_cosine is None else min_cosine
+        self.vs_fp32: list[EngineComparison] = []  # each validated model export: the file in its engine vs FP32
+        self.float_policy = float_policy if float_policy is not None else FloatPolicy()  # api.float_result
 
     # ---- facts -----------------------------------------------------------------------------
     @property
@@ -89,12 +106,29 @@ class QuantizedModel:
         for n in graph.nodes:
             if n.name in quantized:
                 types[n.op_type] = types.get(n.op_type, 0) + 1
+        share = self.int8_share()
         return {"platform": self.platform.name, "ops": len(graph.nodes), "quantized_ops": len(quantized),
                 "quantized_by_type": dict(sorted(types.items())), "timings_s": dict(self.timings),
                 "cleanup": dataclasses.asdict(self.qgraph.cleanup),
                 "calibration": dataclasses.asdict(self.qgraph.calibration),
                 "placement": self.placement.summary() if self.placement is not None else None,
+                "int8_regions": {"int8": share.int8, "total": share.total, "fraction": share.fraction,
+                                 "float_file": share.int8 == 0},
+                "float_reasons": [dataclasses.asdict(g) for g in self.float_groups()],
+                "vs_fp32": [c.as_dict() for c in self.vs_fp32],
                 "warnings": list(self.warnings)}
+
+    def check_float(self, where: str) -> Int8Share:
+        """FloatResultError naming `where` when this result is float and its float_policy does not allow it."""
+        return check_float_result(self.qgraph, self.placement, self.float_policy, where)
+
+    def int8_share(self) -> Int8Share:
+        """Regions running in INT8 (or the platform's wider format) out of all quantizable regions."""
+        return int8_share(self.qgraph, self.placement)
+
+    def float_groups(self) -> list[FloatGroup]:
+        """Why regions stay float, grouped by reason and kind of op (api.float_result)."""
+        return float_groups(self.qgraph, self.placement)
 
     def save_placement(self, path: str | Path) -> Path:
         """Write this model's placement file (JSON), re-applied with quantize_onnx(..., placement_from=path)."""
@@ -224,10 +258,14 @@ class QuantizedModel:
         return write_html_report(self._report_data(data, max_batches, title, export, output), path)
 
     def markdown_report(self, title: str, data: Iterable[Any] | None = None, max_batches: int = 1) -> str:
-        """The .md report: per-layer SNR / cosine table, placement decisions, int16 pair saturation."""
+        """The .md report: the written files vs FP32 in their engines, per-layer SNR / cosine table, placement decisions,
+        int16 pair saturation."""
         batches = self._batches(data, max_batches)
-        text = (f"# {title}\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
-                "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(layer_errors(self.qgraph, batches)))
+        text = f"# {title}\n\n"
+        for c in self.vs_fp32:  # each written file in its engine (export.fidelity)
+            text += f"## FP32 vs INT8 in {c.engine}\n\n" + c.markdown() + "\n"
+        text += ("## Per layer\n\nFP32 vs fake-quant output of every op on the first calibration batch; "
+                 "SNR dB = 10 log10(sum x^2 / sum (x - x_q)^2).\n\n" + markdown_table(layer_errors(self.qgraph, batches)))
         if self.placement is not None:
             timed = any(r.int8_ms is not None for r in self.placement.regions) or \
                 "source_fp32_wall_ms" in self.placement.measured
@@ -278,6 +316,9 @@ class QuantizedModel:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
         TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
         .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
+        Model files: FloatResultError when no region runs in INT8 (allow_float=True writes it anyway), ExportError when
+        an output is below min_fp32_cosine vs FP32 in the engine (default: quantize_onnx's min_cosine); the comparison
+        is kept in self.vs_fp32 and summary()["vs_fp32"].
         tensorrt_int8's ONNX QDQ file comes with its calibration cache, as the CLI's: trt_cache= its path (default the
         path with suffix .cache; False: none). On ranks other than 0 of a distributed run nothing is written (None
         is returned)."""
@@ -296,10 +337,28 @@ class QuantizedModel:
         OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
         with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"), \
                 thread_scope(self.threads):  # validation in the engine: the threads quantization chose
-            report = writer(fmt)(self.qgraph, path, **kwargs)
-        self.last_export = (Path(path), report)
+            report = self.write(fmt, path, **kwargs)
         if cache is not None:
             self.export(cache, format=ExportKind.TENSORRT_CACHE)
+        return report
+
+    def write(self, fmt: ExportKind, path: str | Path, **kwargs: Any) -> Any:
+        """The writer of `fmt` without export's output checks (the CLI stages its files itself). Model files: refused
+        when the result is float (api.float_result; allow_float=True accepts it), or below min_fp32_cosine (default
+        self.min_cosine) vs FP32 in their engine; their comparison is kept in self.vs_fp32. The quant-params JSON
+        carries the comparisons made so far."""
+        allow = kwargs.pop("allow_float", None)
+        if fmt in MODEL_FILES:
+            policy = self.float_policy if allow is None else dataclasses.replace(self.float_policy, allow_float=allow)
+            check_float_result(self.qgraph, self.placement, policy, f"{self.source or self.graph.name} -> {path}")
+            kwargs.setdefault("min_fp32_cosine", self.min_cosine)
+        elif fmt is ExportKind.JSON:
+            kwargs.setdefault("vs_fp32", [c.as_dict() for c in self.vs_fp32])
+        report = writer(fmt)(self.qgraph, path, **kwargs)
+        self.last_export = (Path(path), report)
+        comparison = getattr(report, "vs_fp32", None)
+        if comparison is not None:
+            self.vs_fp32.append(comparison)
         return report
 
     def _trt_cache(self, path: str | Path, format: ExportKind | str | None, given: str | Path | bool | None

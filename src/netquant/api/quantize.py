@@ -14,6 +14,7 @@ from typing import Any
 import onnx
 import torch
 
+from netquant.api.float_result import FloatPolicy
 from netquant.api.model import QuantizedModel
 from netquant.data.calib import PATH_OPTION_KEYS, graph_inputs, load_path_calibration
 from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpError
@@ -24,7 +25,7 @@ from netquant.passes.distributed import current_shard
 from netquant.passes.progress import make_progress
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
-from netquant.passes.settings import QuantSettings
+from netquant.passes.settings import Objective, QuantSettings
 from netquant.platforms import Platform
 from netquant.platforms.platform import Validation
 from netquant.platforms.threads import thread_scope
@@ -75,6 +76,17 @@ def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph)
         return load_onnx(str(path), overridable_inputs=False), str(path)
     raise ModelError(f"model must be a path, serialized ONNX bytes, an onnx.ModelProto or a netquant Graph, got "
                      f"{type(model).__name__}")
+
+
+def _source_onnx(graph: Graph, required: bool) -> onnx.ModelProto | None:
+    """The loaded model as ONNX (placement's speed floor, export's FP32 reference); None where it cannot be written
+    and placement does not need it (export then compares with the cleaned-up graph)."""
+    if required:
+        return to_onnx(graph, check=False)
+    try:
+        return to_onnx(graph, check=False)
+    except Exception:  # noqa: BLE001 - the reference falls back to the cleaned-up graph
+        return None
 
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -129,7 +141,10 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
     for an error metric), placement_from;
-    see netquant.api.placement).
+    see netquant.api.placement; min_cosine: the lowest output cosine vs FP32 an export may have in its engine
+    (export.fidelity); allow_float / min_int8_fraction: see api.float_result).
+    The model's exports raise FloatResultError when no region runs in INT8 (or fewer than min_int8_fraction), unless
+    allow_float=True or objective='latency'.
     distributed=True (under torchrun, or with a torch.distributed group): every rank passes the same calib_data and
     calibrates its share; observers merge exactly (scales bit-identical to one process); rank 0 places, and only
     its QuantizedModel.export writes files (QuantizedModel.rank).
@@ -163,7 +178,8 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
         raise ConfigError(f"{', '.join(sorted(path_options))}: these options say how files become calibration data; "
                           "give calib_data as a folder of images, an .npy / .npz path or 'random'")
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
-    source_model = to_onnx(graph, check=False) if timed else None  # the speed placement must not fall below
+    # the user's FP32 model: the speed placement must not fall below, and export's FP32 reference (export.fidelity)
+    source_model = _source_onnx(graph, required=timed)
     # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
     widens = s.platform.wider is not None and (s.objective is not None or s.placement_from is not None)
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
@@ -181,16 +197,18 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
             return run_ptq(twin, calib_data, wide_settings, extra_passes=passes).qgraph
 
     t1 = time.perf_counter()
+    run.qgraph.fp32_source = source_model
     with make_progress(s.quiet or not applies(s, run.qgraph)) as progress, progress.stage(
             "placement: INT8 or float per region" if s.placement_from is None else "placement: re-applying the file"):
         # objective / placement_from: measured INT8-or-float per region
-        placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model, wide=wide)
+        placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model if timed else None, wide=wide)
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement)
+    policy = FloatPolicy(s.allow_float or s.objective is Objective.LATENCY, s.min_int8_fraction)
+    qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement, min_cosine=s.min_cosine, float_policy=policy)
     qmodel.progress = not s.quiet  # exports show progress as the passes and placement did
     qmodel.rank = rank
     return qmodel

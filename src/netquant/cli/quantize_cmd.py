@@ -26,6 +26,7 @@ from netquant.data.calib import (
     split_batches,
 )
 from netquant.errors import ConfigError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE
 from netquant.outputs import OutputPlan, model_files
 from netquant.passes.progress import make_progress
 
@@ -70,18 +71,24 @@ def write_layer_report(qmodel: QuantizedModel, path: Path, title: str, export: o
 
 
 def _placement_line(qmodel: QuantizedModel) -> str:
-    """One line for the summary: regions in INT8 / float and the measured latency ratio."""
+    """One line for the summary: regions in INT8 / float (saying 'float' where none is INT8), the measured latency,
+    and why regions stay float, grouped."""
+    from netquant.api.float_result import float_words
+
     p = qmodel.placement
     if p is None:
         return ""
     n8 = sum(r.decision == "int8" for r in p.regions)
     wide = sum(r.decision == "wider" for r in p.regions)
+    float_file = qmodel.int8_share().int8 == 0
     m = p.measured
     times = (f"; measured here {m['fp32_ms']:.2f} ms FP32 -> {m['placed_ms']:.2f} ms placed "
              f"(all INT8 {m['all_int8_ms']:.2f} ms)") if "placed_ms" in m else ""
+    why = float_words(qmodel.float_groups())
     return (f"{p.objective}: {n8} of {len(p.regions)} regions in {qmodel.platform.format_label()}"
             + (f", {wide} in the wider format ({qmodel.platform.wider.label})" if wide and qmodel.platform.wider else "")
-            + times
+            + (": the file runs in float (no INT8 region; any speed-up is graph clean-up's)" if float_file else "")
+            + times + (f"; float because {why}" if why else "")
             + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
 
 
@@ -109,6 +116,7 @@ class RunFacts:
     engine: str = "onnxruntime"
     engine_layers: str = ""  # heavy runtime layers running int8 in the engine that validated the file (OpenVINO)
     placement: str = ""
+    vs_fp32: str = ""  # the file in its engine vs the FP32 model (export.fidelity.EngineComparison.line)
     extra_files: list[Path] = field(default_factory=list)
     threads: int | None = None  # torch / onnxruntime intra-op threads of the run (platforms.threads)
 
@@ -150,6 +158,8 @@ def summary_table(f: RunFacts) -> Table:
     t.add_row("validated in", (f.validated_with or "-") + (f": {f.platform}'s engine does not run here, so the file "
                                                           "was checked in the Q/DQ reference semantics only"
                                                           if f.reference_only else ""))
+    if f.vs_fp32:
+        t.add_row("vs FP32", f.vs_fp32)
     t.add_row("agreement with fake-quant", ", ".join(f"{k}: cosine {v:.5f}" for k, v in f.cosine.items()) or "-")
     t.add_row("time", ", ".join(f"{k} {v:.1f}s" for k, v in f.seconds.items())
               + (f" ({f.threads} intra-op thread{'s' if f.threads != 1 else ''})" if f.threads else ""))
@@ -237,6 +247,14 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--embeddings", is_flag=True, help="Weight-only: also the token-embedding tables (per-row blocks).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
               help="Weight-only MatMulNBits: 0 float compute, 4 int8 activations (faster CPU kernels).")
+@click.option("--min-cosine", type=float, default=None,
+              help="Refuse the file when an output, run in its engine, has a cosine vs the FP32 model below this "
+                   f"(default {DEFAULT_MIN_COSINE}: a catastrophic loss; -1: never).")
+@click.option("--allow-float", is_flag=True,
+              help="Write the file even when no region runs in INT8 (or fewer than --min-int8-fraction); otherwise "
+                   "such a run exits non-zero with the measured trade-off (--objective latency allows it too).")
+@click.option("--min-int8-fraction", type=click.FloatRange(min=0.0, max=1.0), default=None,
+              help="Share of regions that must run in INT8 (default: at least one).")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
@@ -247,7 +265,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              weight_only: str | None = None, block_size: int = 128, algorithm: str = "rtn", asymmetric: bool = False,
              wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
              act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0, threads: str = "auto",
-             nproc: int = 1) -> None:
+             nproc: int = 1, min_cosine: float | None = None, allow_float: bool = False,
+             min_int8_fraction: float | None = None) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.cli.distributed import local_group, torchrun_rank
@@ -259,8 +278,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         click_ctx.call_on_close(lambda: os.environ.pop("LOCAL_WORLD_SIZE", None))
     # torch's threads for the whole command (quantization and export validation), restored when it ends
     n_threads = click_ctx.with_resource(thread_scope(threads))
-    from netquant.export import export_quant_params_json, export_trt_calibration_cache
-    from netquant.export.formats import ExportKind, companions, writer
+    from netquant.export import export_trt_calibration_cache
+    from netquant.export.formats import ExportKind, companions
     from netquant.export.opset import check_opset_request
     from netquant.platforms import Validation, get_platform
 
@@ -326,6 +345,11 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         settings["max_loss"] = max_loss
     if placement_from is not None:
         settings["placement_from"] = str(placement_from)
+    if min_cosine is not None:
+        settings["min_cosine"] = min_cosine
+    if min_int8_fraction is not None:
+        settings["min_int8_fraction"] = min_int8_fraction
+    settings["allow_float"] = allow_float
     batches = split_batches(data, inputs, batch_size)
     rank = torchrun_rank()
     if rank is not None or nproc > 1:
@@ -343,6 +367,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     t_quant = time.perf_counter()
     extra = [p for p in (json_path, trt_cache, report_path, placement_path) if p is not None]
     in_ort = platform.validation is Validation.ONNXRUNTIME  # onnxruntime's int8 kernels matter for its files only
+    qmodel.check_float(f"{model} -> {output}")  # no float file under an INT8 name unless asked (--allow-float)
     with plan.staged() as stage:
         engine = platform.validation_engine if kind is ExportKind.QDQ else kind.engine
         with make_progress(quiet, console) as progress, progress.stage(f"export: {output.name}, checked in {engine}"):
@@ -352,10 +377,10 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
             staged = {c.keyword: stage.write(f"-o {c.suffix}", lambda p: p) for c in beside}
             options = ({"opset": opset, "check_kernels": in_ort} if kind is ExportKind.QDQ
                        else {"opset": opset} if kind is ExportKind.OPENVINO_IR else {})
-            report = stage.write("-o", lambda p: writer(kind)(qmodel.qgraph, p, sample=sample, **staged, **options))
+            report = stage.write("-o", lambda p: qmodel.write(kind, p, sample=sample, **staged, **options))
             extra += [c.default_path(output) for c in beside]
         if json_path is not None:
-            stage.write("--json", lambda p: export_quant_params_json(qmodel.qgraph, p))
+            stage.write("--json", lambda p: qmodel.write(ExportKind.JSON, p))
         if trt_cache is not None:
             stage.write("--trt-cache", lambda p: export_trt_calibration_cache(qmodel.qgraph, p))
         if placement_path is not None:
@@ -380,7 +405,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
             + (", ".join(f"{k} x{v}" for k, v in report.int8_layers.items()) or "none") + ")"),
         seconds={"data": t_data - t0, "calibration": t_quant - t_data, "export": t_end - t_quant,
                  "total": t_end - t0},
-        extra_files=extra, placement=_placement_line(qmodel), threads=n_threads)
+        extra_files=extra, placement=_placement_line(qmodel), threads=n_threads,
+        vs_fp32=report.vs_fp32.line(float_file=qmodel.int8_share().int8 == 0) if report.vs_fp32 is not None else "")
     for w in report.warnings:
         warn(console, w)
     if not quiet:

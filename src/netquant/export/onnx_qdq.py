@@ -17,6 +17,12 @@ from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.dynamic import make_dynamic
+from netquant.export.fidelity import (
+    DEFAULT_MIN_COSINE,
+    EngineComparison,
+    check_vs_fp32,
+    compare_with_fp32,
+)
 from netquant.export.opset import (
     ai_onnx_opset,
     check_opset_request,
@@ -82,6 +88,7 @@ class ExportReport:
     heavy_layers: int | None = None  # all its heavy (Convolution / MatMul / FullyConnected) runtime layers
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    vs_fp32: EngineComparison | None = None  # the file in its engine vs the FP32 model in onnxruntime (validated)
 
     @property
     def opset_upgraded(self) -> bool:
@@ -107,7 +114,8 @@ class ExportReport:
                 f"{self.quantize_nodes} Q / {self.dequantize_nodes} DQ, {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x){target}; cosine vs executor {cos}{checked}; "
                 f"{'int8 layers in ' + self.engine.split(' (')[0] if self.engine else 'onnxruntime int8 kernels'}: {kernels}"
-                + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else ""))
+                + (f" ({self.runtime_qdq} Q/DQ left at runtime)" if self.runtime_qdq is not None else "")
+                + (f"; {self.vs_fp32.line()}" if self.vs_fp32 is not None else ""))
 
 
 VALIDATION_LABELS = {
@@ -297,7 +305,7 @@ def _version() -> str:
 
 def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int | None = None, validate: bool = True,
                sample: Any = None, min_cosine: float = 0.98, max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
-               check_kernels: bool = True) -> ExportReport:
+               check_kernels: bool = True, min_fp32_cosine: float | None = DEFAULT_MIN_COSINE) -> ExportReport:
     """Write `qmodel` as an ONNX QDQ model at `path`, whole or not at all.
 
     validate: onnx.checker, onnxruntime load, the platform's CPU target (no int8 weight pair that its int16
@@ -305,18 +313,22 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
         random) run in onnxruntime and in the executor's fake-quant run with this machine's int8 arithmetic
         emulated: every output of onnxruntime must be as close to FP32 as the fake-quant run's (1 - cosine within
         max_error_ratio times the fake-quant's, plus 0.002); max_error_ratio None: cosine(onnxruntime, fake-quant)
-        >= min_cosine instead (validate.Agreement).
+        >= min_cosine instead (validate.Agreement). The same outputs are compared with the FP32 model in onnxruntime
+        (export.fidelity; ExportReport.vs_fp32), and both files timed where onnxruntime is the engine; an output whose
+        cosine vs FP32 is below min_fp32_cosine (None: no check) is refused.
     check_kernels: record which int8 kernels onnxruntime runs after its optimizations.
     Raises ExportError (and leaves no file) on any failure.
     Runs under platforms.threads.thread_scope: the threads quantization used (QuantizedModel.threads), else the
     policy's.
     """
     with thread_scope(getattr(qmodel, "threads", None)):
-        return _export_qdq(qmodel, path, opset, validate, sample, min_cosine, max_error_ratio, check_kernels)
+        return _export_qdq(qmodel, path, opset, validate, sample, min_cosine, max_error_ratio, check_kernels,
+                           min_fp32_cosine)
 
 
 def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | None, validate: bool, sample: Any,
-                min_cosine: float, max_error_ratio: float | None, check_kernels: bool) -> ExportReport:
+                min_cosine: float, max_error_ratio: float | None, check_kernels: bool,
+                min_fp32_cosine: float | None) -> ExportReport:
     start = time.perf_counter()
     qgraph = unwrap(qmodel)
     where = str(path)
@@ -327,6 +339,8 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
     # executor anyway, and only when that fails does check_upgrade say whether the converter was the cause
     model, builder, source = build_qdq_model(qgraph, opset=opset)
     agreement = {}
+    vs_fp32: EngineComparison | None = None
+    record: dict[str, list[Any]] = {}
     counts: Counter[str] | None = None
     in_engine = qgraph.platform.validation is Validation.ONNXRUNTIME
     ov_check, ov_note = None, ""
@@ -346,16 +360,24 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
             if qgraph.platform.validation is Validation.OPENVINO and in_engine:
                 ov_check = validate_in_openvino(qgraph, tmp, batches, where, min_cosine, max_error_ratio)
                 agreement = ov_check.agreement
+                vs_fp32 = compare_with_fp32(qgraph, ov_check.outputs, batches, ov_check.engine.split(" (")[0],
+                                            sample_given=sample is not None)
+                check_vs_fp32(vs_fp32, min_fp32_cosine, where)
             else:  # the optimized graph onnxruntime saves while loading gives the kernel counts (one session)
                 with tempfile.TemporaryDirectory(prefix="netquant_ort_") as work:
                     saved = str(Path(work) / "optimized.onnx") if check_kernels and in_engine else None
                     sess = _ort_session(model, tmp, where, optimized=in_engine, save_optimized=saved)
                     try:
                         agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
-                                                          max_error_ratio)
+                                                          max_error_ratio, record=record)
                     except ExportError:
                         check_upgrade(qgraph, batches[0])
                         raise
+                    vs_fp32 = compare_with_fp32(qgraph, record, batches, "onnxruntime" if in_engine else
+                                                "the Q/DQ reference (onnxruntime, graph optimizations off)",
+                                                sample_given=sample is not None,
+                                                int8_session=sess if in_engine else None)
+                    check_vs_fp32(vs_fp32, min_fp32_cosine, where)
                     counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)
     if counts is None and check_kernels:
@@ -378,7 +400,7 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
         engine=ov_check.engine if ov_check is not None else "",
         int8_layers=ov_check.int8_layers if ov_check is not None else None,
         heavy_layers=ov_check.heavy if ov_check is not None else None,
-        warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
+        warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start, vs_fp32=vs_fp32)
 
 
 ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc",

@@ -25,6 +25,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from netquant.errors import ExportError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE, check_vs_fp32, compare_with_fp32
 from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO
 
 # layers whose int8 execution decides the speed (runtime-model layer types of the CPU plugin)
@@ -246,6 +247,7 @@ class OpenVinoCheck:
     int8_heavy: int = 0
     heavy: int = 0
     agreement: dict[str, Any] = field(default_factory=dict)
+    outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)  # per output, one array per batch
 
 
 class _Recorded:
@@ -276,9 +278,10 @@ def validate_in_openvino(qgraph: Any, model_path: str | os.PathLike[str], batche
     from netquant.platforms.targets import host_accumulation
 
     run = run_in_openvino(model_path, batches, where, xml_path)
+    outputs: dict[str, list[np.ndarray]] = {}
     try:
         agreement = compare_with_executor(qgraph, _Recorded(run), batches, where, min_cosine, host_accumulation(),
-                                          max_error_ratio)
+                                          max_error_ratio, record=outputs)
     except ExportError as exc:
         raise ExportError(str(exc).replace("in onnxruntime", f"in OpenVINO {run.version} (CPU plugin)")
                           .replace("onnxruntime computes", "OpenVINO computes")) from exc
@@ -287,14 +290,16 @@ def validate_in_openvino(qgraph: Any, model_path: str | os.PathLike[str], batche
         raise ExportError(f"exported model for '{where}': OpenVINO's outputs {names} match none of the model's "
                           f"outputs {list(qgraph.graph.output_names)}, so they could not be checked; no file written")
     return OpenVinoCheck(engine=f"OpenVINO {run.version} (CPU plugin, this CPU)", int8_layers=run.int8_by_type(),
-                         int8_heavy=run.int8_heavy_layers, heavy=run.heavy_layers, agreement=agreement)
+                         int8_heavy=run.int8_heavy_layers, heavy=run.heavy_layers, agreement=agreement,
+                         outputs=outputs)
 
 
 # ---- OpenVINO IR --------------------------------------------------------------------------------
 
 def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str | os.PathLike[str] | None = None,
                     opset: int | None = None, validate: bool = True, sample: Any = None, min_cosine: float = 0.98,
-                    max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO) -> Any:
+                    max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
+                    min_fp32_cosine: float | None = DEFAULT_MIN_COSINE) -> Any:
     """Write `qmodel` as OpenVINO IR: `path` (model.xml) and `bin_path` (default: model.bin beside it), both whole
     or neither.
 
@@ -303,7 +308,8 @@ def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str 
     plugin and runs the validation batches (validate=True: accepted as export_qdq accepts onnxruntime's outputs;
     the report counts the heavy runtime layers running in int8; validate=False still compiles, without batches).
     The .bin is moved into place before the .xml; if that last move fails the new .bin is removed again (an older
-    .bin it replaced is gone). Needs the openvino package
+    .bin it replaced is gone). OpenVINO's outputs are compared with the FP32 model in onnxruntime (export.fidelity,
+    ExportReport.vs_fp32); an output below min_fp32_cosine is refused (None: no check). Needs the openvino package
     (pip install netquant[openvino]); ExportError, and no file, on any failure.
     """
     import time
@@ -330,6 +336,7 @@ def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str 
             raise ExportError(f"cannot write OpenVINO IR '{p}': folder '{folder}' does not exist")
     qgraph = unwrap(qmodel)
     batches = validation_feeds(qgraph, sample) if validate else []
+    vs_fp32 = None
     if validate:
         check_target_arithmetic(qgraph, where)
     model, builder, source = build_qdq_model(qgraph, opset=opset, feeds=batches[0] if batches else None)
@@ -346,6 +353,9 @@ def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str 
             if validate:
                 check = validate_in_openvino(qgraph, onnx_path, batches, where, min_cosine, max_error_ratio,
                                              xml_path=tmp_xml)
+                vs_fp32 = compare_with_fp32(qgraph, check.outputs, batches, check.engine.split(" (")[0],
+                                            sample_given=sample is not None)
+                check_vs_fp32(vs_fp32, min_fp32_cosine, where)
             else:
                 run = run_in_openvino(onnx_path, [], where, xml_path=tmp_xml)
                 check = OpenVinoCheck(engine=f"OpenVINO {run.version} (CPU plugin, this CPU)",
@@ -377,7 +387,7 @@ def export_openvino(qmodel: Any, path: str | os.PathLike[str], *, bin_path: str 
         validation_batches=len(batches), accumulation=host_accumulation() if validate else None,
         cpu_target=qgraph.platform.cpu_target.value if qgraph.platform.cpu_target is not None else None,
         engine=check.engine, int8_layers=check.int8_layers, heavy_layers=check.heavy,
-        warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start)
+        warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start, vs_fp32=vs_fp32)
 
 
 def _umask() -> int:

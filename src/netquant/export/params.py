@@ -74,9 +74,13 @@ def quant_params(qmodel: Exportable) -> dict[str, Any]:
     }
 
 
-def export_quant_params_json(qmodel: Exportable, path: str | os.PathLike[str]) -> Path:
-    """Write quant_params(qmodel) as indented JSON, whole or not at all."""
+def export_quant_params_json(qmodel: Exportable, path: str | os.PathLike[str],
+                             vs_fp32: list[dict[str, Any]] | None = None) -> Path:
+    """Write quant_params(qmodel) as indented JSON, whole or not at all. vs_fp32: the model files' comparisons with
+    FP32 in their engines (export.fidelity.EngineComparison.as_dict), stored under "vs_fp32" when given."""
     params = quant_params(qmodel)
+    if vs_fp32 is not None:
+        params["vs_fp32"] = vs_fp32
     try:
         text = json.dumps(params, indent=1, allow_nan=False) + "\n"
     except ValueError as exc:  # a NaN / Inf scale or range: calibration saw activations beyond float32

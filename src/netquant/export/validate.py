@@ -162,10 +162,12 @@ def calibration_fp32(qgraph: QuantizedGraph, batches: Sequence[dict[str, np.ndar
 
 def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str,
                           min_cosine: float, accumulation: Accumulation = Accumulation.EXACT,
-                          max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO) -> dict[str, Agreement]:
+                          max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
+                          record: dict[str, list[np.ndarray]] | None = None) -> dict[str, Agreement]:
     """Every float output over all `batches`: onnxruntime vs the executor's fake-quant run (int8 kernels summing
     as `accumulation`, i.e. this machine's onnxruntime) and vs FP32. ExportError unless every output is
-    accepted (Agreement.accepted)."""
+    accepted (Agreement.accepted). record: filled with the engine's outputs, per output name one array per batch
+    (export.fidelity compares them with FP32)."""
     runs: dict[str, dict[str, list[np.ndarray]]] = {}
     fq_ex = qgraph.executor(fake_quant=True, accumulation=accumulation)
     cached = calibration_fp32(qgraph, batches)
@@ -186,6 +188,8 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
                                   f"onnxruntime but {r.shape} in netquant's executor")
             if np.issubdtype(y.dtype, np.floating) and not np.isfinite(y).all():
                 raise ExportError(f"exported model for '{where}' produces NaN/Inf in output '{name}'")
+            if record is not None:
+                record.setdefault(name, []).append(y)
             entry = runs.setdefault(name, {"ort": [], "fq": [], "fp": []})
             entry["ort"].append(y)
             entry["fq"].append(r)

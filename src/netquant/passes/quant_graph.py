@@ -119,6 +119,8 @@ class QuantizedGraph:
         # calibration: the FP32 graph outputs of validation_batches and the graph_state they were computed on
         self.validation_fp32: list[dict[str, Any]] = []
         self.validation_fp32_state: tuple[Any, ...] | None = None
+        # the user's FP32 model as netquant loaded it (set by the API): export.fidelity's reference in onnxruntime
+        self.fp32_source: Any = None
         # facts recorded by the passes (each written by one pass, read by later passes and reports)
         self.shared_scale_groups: list[list[TensorQuantConfig]] = []  # quantizer: configs sharing one scale
         self.fusions: dict[str, str] = {}  # quantizer: fused chain tail op -> head op

@@ -85,6 +85,12 @@ class QuantSettings:
     distributed: calibration sharded over the torch.distributed group (passes.distributed; torchrun's variables
         create a gloo group when none exists): every rank passes the same data, runs its share, and the observers are
         merged exactly (order-invariant observers only). Rank 0 places and writes; the other ranks skip placement.
+    min_cosine: exports are refused when an output of the file, run in its engine, has a cosine vs the FP32 model
+        below this (None: export.fidelity.DEFAULT_MIN_COSINE; -1: never).
+    allow_float: accept a result without INT8 regions (or below min_int8_fraction); otherwise quantize_onnx raises
+        FloatResultError (objective 'latency' accepts it: its purpose is the fastest file, float or not).
+    min_int8_fraction: the share of regions (INT8 or the wider format) below which the result counts as float
+        (None: only a result with no such region).
     """
 
     platform: Platform
@@ -118,6 +124,9 @@ class QuantSettings:
     placement_time_s: float | None = None
     calib_stack_mb: float = 256.0
     distributed: bool = False
+    min_cosine: float | None = None
+    allow_float: bool = False
+    min_int8_fraction: float | None = None
 
     @classmethod
     def from_kwargs(cls, platform: str | Platform, settings: Mapping[str, Any]) -> QuantSettings:
@@ -171,6 +180,14 @@ class QuantSettings:
             raise ConfigError(f"placement_time_s must be None or >= 0, got {self.placement_time_s!r}")
         if not isinstance(self.calib_stack_mb, (int, float)) or self.calib_stack_mb < 0:
             raise ConfigError(f"calib_stack_mb must be a number >= 0 (0: no stacking), got {self.calib_stack_mb!r}")
+        if self.min_cosine is not None and (not isinstance(self.min_cosine, (int, float)) or self.min_cosine != self.min_cosine
+                                            or self.min_cosine > 1):
+            raise ConfigError(f"min_cosine must be None or a number <= 1 (the lowest output cosine vs FP32 an export "
+                              f"may have), got {self.min_cosine!r}")
+        if self.min_int8_fraction is not None and (not isinstance(self.min_int8_fraction, (int, float))
+                                                   or not 0 <= self.min_int8_fraction <= 1):
+            raise ConfigError(f"min_int8_fraction must be None or a number in [0, 1] (the share of regions that must "
+                              f"run in INT8), got {self.min_int8_fraction!r}")
         if self.max_calib_batches is not None and self.max_calib_batches < 1:
             raise ConfigError(f"max_calib_batches must be >= 1, got {self.max_calib_batches}")
         from netquant.passes.observers import observer_names

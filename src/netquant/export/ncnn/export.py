@@ -17,6 +17,7 @@ from typing import Any
 
 from netquant.atomic import atomic_path
 from netquant.errors import ExportError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE, EngineComparison, check_vs_fp32, compare_with_fp32
 from netquant.export.ncnn.int8 import INT8_LAYER_TYPES, Int8Layer, apply_int8, plan_int8
 from netquant.export.ncnn.param import NcnnParam, can_name_blob, parse_param
 from netquant.export.ncnn.pnnx_convert import pnnx_convert, require_engine
@@ -59,6 +60,7 @@ class NcnnExportReport:
     size_bytes: int = 0
     warnings: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    vs_fp32: EngineComparison | None = None  # ncnn's int8 outputs vs the FP32 model in onnxruntime (validated)
 
     # the fields the CLI summary shows for every export
     @property
@@ -126,7 +128,8 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
                 table_path: str | os.PathLike[str] | None = None, write_table: bool = True,
                 fp32_path: str | os.PathLike[str] | None = None, validate: bool = True,
                 sample: Any = None, min_cosine: float = 0.99,
-                max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO, threads: int = 1) -> NcnnExportReport:
+                max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO, threads: int = 1,
+                min_fp32_cosine: float | None = DEFAULT_MIN_COSINE) -> NcnnExportReport:
     """Write `path` (.param), its weights (`bin_path`, default: path with suffix .bin) and ncnn's int8 table
     (`table_path`, default .table; write_table=False: none), whole or not at all. fp32_path: also write pnnx's FP32
     model there (.param, weights beside it as .bin), the model whose layer names the table uses (the input of ncnn's
@@ -135,7 +138,9 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
     Conv (Convolution / ConvolutionDepthWise) and fully-connected (InnerProduct) layers whose netquant op is
     quantized run int8 in ncnn with netquant's integer weights and scales; other layers float32. validate: both
     pnnx's FP32 model and the int8 model run in ncnn on the validation batches (`sample`, else the kept calibration
-    batches) and must agree with netquant's executor (validate.Agreement; min_cosine when max_error_ratio is None).
+    batches) and must agree with netquant's executor (validate.Agreement; min_cosine when max_error_ratio is None);
+    the int8 model's outputs are compared with the FP32 model in onnxruntime (export.fidelity, vs_fp32), refused
+    below min_fp32_cosine (None: no check).
     """
     start = time.perf_counter()
     qgraph = unwrap(qmodel)
@@ -170,6 +175,7 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
     int8_param_text = param.text()
     input_blobs, output_blobs = [blobs[n] for n in inputs], [blobs[n] for n in outputs]
     validation = None
+    vs_fp32 = None
     with contextlib.ExitStack() as stack:
         tmp_param = stack.enter_context(atomic_path(target, "ncnn param"))
         tmp_bin = stack.enter_context(atomic_path(weights_path, "ncnn weights"))
@@ -193,6 +199,8 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
                 fp32_runner = NcnnRunner(fp_param, fp_bin, int8=False, threads=threads, where=f"{where} (FP32)")
                 validation = validate_ncnn(qgraph, int8_runner, fp32_runner, batches, input_blobs, output_blobs,
                                            outputs, where, min_cosine, max_error_ratio)
+            vs_fp32 = compare_with_fp32(qgraph, validation.outputs, batches, "ncnn", sample_given=sample is not None)
+            check_vs_fp32(vs_fp32, min_fp32_cosine, where)
     types = Counter(la.type for la in param.layers)
     int8_types = Counter(la.layer_type for la in plan.layers)
     heavy = {t: types[t] - int8_types.get(t, 0) for t in HEAVY_LAYER_TYPES if types[t] - int8_types.get(t, 0) > 0}
@@ -212,7 +220,7 @@ def export_ncnn(qmodel: Exportable, path: str | os.PathLike[str], *, bin_path: s
         validated_with=f"ncnn {engine_version()} (this CPU, int8 inference, {threads} thread(s))" if validate else "",
         blob_names=blobs, source_opset=qgraph.graph.opset, fp32_bytes=len(converted.weights),
         size_bytes=weights_path.stat().st_size + target.stat().st_size, warnings=warnings,
-        seconds=time.perf_counter() - start)
+        seconds=time.perf_counter() - start, vs_fp32=vs_fp32)
 
 
 def int8_layers_of(param: NcnnParam) -> list[str]:

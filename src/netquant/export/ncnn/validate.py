@@ -4,7 +4,7 @@ batches, compared with netquant's executor (fake-quant and FP32) by export.valid
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ class NcnnValidation:
     conversion_cosine: dict[str, float]
     batches: int
     samples: int
+    outputs: dict[str, list[np.ndarray]] = field(default_factory=dict)  # the int8 model's, one array per batch
 
 
 def validate_ncnn(qgraph: QuantizedGraph, int8: NcnnRunner, fp32: NcnnRunner | None,
@@ -78,4 +79,4 @@ def validate_ncnn(qgraph: QuantizedGraph, int8: NcnnRunner, fp32: NcnnRunner | N
         raise ExportError(f"ncnn int8 model '{where}' disagrees with netquant's fake-quant executor over "
                           f"{len(batches)} batch(es) in ncnn: cosine {detail}. Keep the ops `layer_report` names "
                           "in float (force_fp32 / --fp32-ops), or validate=False. No file written.")
-    return NcnnValidation(agreement, conversion, len(batches), samples)
+    return NcnnValidation(agreement, conversion, len(batches), samples, {n: list(e["int8"]) for n, e in runs.items()})

@@ -13,6 +13,7 @@ import numpy as np
 from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE, check_vs_fp32, compare_with_fp32
 from netquant.export.onnx_qdq import ExportReport, _fp32_bytes, _version
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.tflite.convert import Converter, record
@@ -41,7 +42,7 @@ class TfliteExportReport(ExportReport):
                 f"{self.quantize_nodes} QUANTIZE / {self.dequantize_nodes} DEQUANTIZE, "
                 f"{len(self.float_ops or [])} ops in float; {self.fp32_bytes / 1e6:.2f} MB -> "
                 f"{self.size_bytes / 1e6:.2f} MB ({self.compression:.1f}x); cosine vs fake-quant {cos}{checked}; "
-                f"LiteRT int8 ops: {kernels}")
+                f"LiteRT int8 ops: {kernels}" + (f"; {self.vs_fp32.line()}" if self.vs_fp32 is not None else ""))
 
 
 def static_inputs(qgraph: QuantizedGraph, feeds: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:
@@ -83,7 +84,7 @@ def build_tflite(qmodel: Exportable, sample: Any = None) -> tuple[bytes, Convert
 
 def export_tflite(qmodel: Exportable, path: str | os.PathLike[str], *, validate: bool = True, sample: Any = None,
                   min_cosine: float = 0.98, max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
-                  threads: int | None = None) -> TfliteExportReport:
+                  threads: int | None = None, min_fp32_cosine: float | None = DEFAULT_MIN_COSINE) -> TfliteExportReport:
     """Write `qmodel` as a TFLite flatbuffer at `path`, whole or not at all.
 
     Fixed shapes from `sample` (else the kept calibration batches), batch 1 where the model's batch is dynamic;
@@ -91,7 +92,8 @@ def export_tflite(qmodel: Exportable, path: str | os.PathLike[str], *, validate:
     quantizes become int8 TFLite ops carrying its scales; the rest run in float between QUANTIZE / DEQUANTIZE.
     validate: LiteRT loads the file, its tensor shapes match, and on the validation batches every output is as
         close to FP32 as netquant's fake-quant run (validate.Agreement; max_error_ratio None: cosine(LiteRT,
-        fake-quant) >= min_cosine).
+        fake-quant) >= min_cosine). LiteRT's outputs are compared with the FP32 model in onnxruntime
+        (export.fidelity, vs_fp32); an output below min_fp32_cosine is refused (None: no check).
     Raises ExportError (and leaves no file) on any failure.
     """
     start = time.perf_counter()
@@ -100,6 +102,7 @@ def export_tflite(qmodel: Exportable, path: str | os.PathLike[str], *, validate:
     data, cv, shapes = build_tflite(qgraph, sample)
     batches = validation_feeds(qgraph, sample) if validate else []
     agreement = {}
+    vs_fp32 = None
     with atomic_path(path, "TFLite model") as tmp:
         Path(tmp).write_bytes(data)
         if validate:
@@ -108,8 +111,11 @@ def export_tflite(qmodel: Exportable, path: str | os.PathLike[str], *, validate:
             names = list(shapes)
             cl = [len(shapes[n]) == 4 for n in names]
             outputs = [v.name for v in qgraph.graph.outputs]
+            lite: dict[str, list[np.ndarray]] = {}
             agreement = compare_with_litert(qgraph, interp, batches, names, cl, outputs, where, min_cosine,
-                                            max_error_ratio)
+                                            max_error_ratio, record=lite)
+            vs_fp32 = compare_with_fp32(qgraph, lite, batches, "LiteRT", sample_given=sample is not None)
+            check_vs_fp32(vs_fp32, min_fp32_cosine, where)
     target = Path(path)
     ops = [op for op, _ in cv.w.op_types]
     consts = sum(1 for t in cv.w.info if t.quant is not None and cv.w.tensors[t.index].buffer)
@@ -125,6 +131,6 @@ def export_tflite(qmodel: Exportable, path: str | os.PathLike[str], *, validate:
         output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
         accumulation=Accumulation.EXACT if validate else None, cpu_target=None,
         int8_kernels=cv.w.int8_op_counts(), runtime_qdq=ops.count("QUANTIZE") + ops.count("DEQUANTIZE"),
-        warnings=[], seconds=time.perf_counter() - start,
+        warnings=[], seconds=time.perf_counter() - start, vs_fp32=vs_fp32,
         input_shapes={k: (v[0], *v[2:], v[1]) if len(v) == 4 else v for k, v in shapes.items()},
         float_ops=list(cv.float_ops), total_ops=len(ops))

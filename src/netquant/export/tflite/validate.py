@@ -97,9 +97,10 @@ def check_shapes(interp: Any, declared: dict[int, tuple[int, ...]], where: str) 
 def compare_with_litert(qgraph: QuantizedGraph, interp: Any, batches: Sequence[dict[str, np.ndarray]],
                         input_names: Sequence[str], channels_last: Sequence[bool], output_names: Sequence[str],
                         where: str, min_cosine: float = 0.98,
-                        max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO) -> dict[str, Agreement]:
+                        max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
+                        record: dict[str, list[np.ndarray]] | None = None) -> dict[str, Agreement]:
     """Agreement of every output over `batches`: LiteRT vs FP32 and vs the executor's fake-quant run; ExportError
-    unless each is accepted."""
+    unless each is accepted. record: filled with LiteRT's outputs, per output name one array per batch."""
     fq_ex = qgraph.executor(fake_quant=True)
     fp_ex = qgraph.executor(fake_quant=False)
     runs: dict[str, dict[str, list[np.ndarray]]] = {n: {"lite": [], "fq": [], "fp": []} for n in output_names}
@@ -116,6 +117,8 @@ def compare_with_litert(qgraph: QuantizedGraph, interp: Any, batches: Sequence[d
             if not np.isfinite(y).all():
                 raise ExportError(f"exported TFLite model for '{where}' produces NaN/Inf in output '{name}'")
             runs[name]["lite"].append(y)
+            if record is not None:
+                record.setdefault(name, []).append(y)
             runs[name]["fq"].append(ref)
             runs[name]["fp"].append(fp[name].detach().cpu().numpy())
     result: dict[str, Agreement] = {}

@@ -1,0 +1,313 @@
+"""FP32 vs INT8, measured in the target engine.
+
+Every exported model file runs in its engine on the validation batches (export.validate), and those outputs are
+compared here with the user's FP32 model run in onnxruntime on the same batches: per output the cosine and the
+largest absolute error, and where the output looks like class scores the share of positions whose top-1 class is
+FP32's. Where the engine is onnxruntime on this machine, both files are also timed at the calibration batch size.
+
+A file whose engine output is catastrophically far from FP32 (`check_vs_fp32`: an output's cosine below
+DEFAULT_MIN_COSINE) is refused like a validation failure. The default comes from measurements (benchmarks/fidelity.py,
+results/fidelity.md; AMD EPYC, 2 cores shared; onnxruntime; default settings; output cosine vs FP32 over the
+validation batches, rendered text lines for PP-OCR):
+
+    sound files:  PP-OCRv4 rec 0.98882 (softmax over 6,625 classes; top-1 agreement 97.6%), PP-OCR cls 0.99974,
+                  6-layer encoder 0.99988; light alexnet / shufflenet / squeezenet 1.00000 (random inputs saturate
+                  their softmax); the README's rec table in SNR terms (cosine ~ 1 / sqrt(1 + 10^(-SNR/10))):
+                  pair-limited int8 16.2 dB ~ 0.988 (97.75% lines), int7 14.5 dB ~ 0.983 (97.0%),
+                  uint8 15.2 dB ~ 0.985 (98.75%);
+    broken files: full-range int8 run by onnxruntime's saturating kernels on AVX2 11.2 dB ~ 0.964 (86.25% lines),
+                  weights x1e-6 under the old eps scale floor 0.966 (issue 19), an all-zero output 0.0.
+
+0.97 lies between the worst sound file (0.983) and the best broken one (0.966), near 1 - 1.5 x placement's default
+budget (balanced: fake-quant 1 - cosine <= 0.02, and validation lets the engine lose 1.5x the fake-quant's loss). Lower it (quantize_onnx(min_cosine=...), `--min-cosine`) for a model known to lose more
+(4-bit schemes without a budget, objective None on a sensitive model).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from netquant.errors import ExportError
+from netquant.passes.quant_graph import QuantizedGraph
+
+DEFAULT_MIN_COSINE = 0.97  # output cosine vs FP32 below which an export is refused (module docstring)
+CLASS_SCORE_PRODUCERS = frozenset({"Softmax", "LogSoftmax"})  # rank >= 3 outputs with these producers: class scores
+TIMING_ROUNDS, MIN_TIMING_ROUNDS = 5, 3  # interleaved rounds (one run of each file per round), median ...
+TIMING_BUDGET_S = 0.5  # ... fewer rounds (at least MIN_TIMING_ROUNDS) when 5 would take longer than this
+
+
+@dataclass(frozen=True)
+class OutputComparison:
+    """One output of the exported file in its engine vs the FP32 model in onnxruntime, over all compared batches.
+
+    cosine: of the flattened outputs (float64); max_abs_err: max |engine - FP32|; top1_agreement: the share of
+    positions (all but the last axis) whose argmax over the last axis equals FP32's, where the output looks like class
+    scores (2-D [N, C] with C > 1, or a Softmax / LogSoftmax output with C > 1), else None. Integer outputs: cosine is
+    the share of equal elements.
+    """
+
+    name: str
+    cosine: float
+    max_abs_err: float
+    top1_agreement: float | None = None
+    top1_positions: int = 0
+    shape: tuple[int, ...] = ()  # the FP32 output's shape on the first batch
+
+    def words(self) -> str:
+        top1 = f", top-1 agreement {100 * self.top1_agreement:.1f}%" if self.top1_agreement is not None else ""
+        return f"cosine {self.cosine:.5f}, max err {self.max_abs_err:.3g}{top1}"
+
+
+@dataclass
+class EngineComparison:
+    """FP32 vs INT8 of one exported file: every output (OutputComparison) and, where timed, the latency of both.
+
+    int8_ms / fp32_ms: medians of `timing_rounds` interleaved runs of one batch of `timed_batch` samples (onnxruntime
+    CPU sessions with default threads, the ones validation ran); None where the engine is not timed here.
+    """
+
+    engine: str  # the engine that ran the exported file ("onnxruntime", "OpenVINO", "LiteRT", "ncnn", ...)
+    reference: str  # what FP32 is: the source model (or the cleaned-up graph) in onnxruntime
+    outputs: list[OutputComparison] = field(default_factory=list)
+    batches: int = 0
+    samples: int = 0
+    data: str = "calibration batches"  # which batches: the kept calibration batches, or the export's `sample`
+    int8_ms: float | None = None
+    fp32_ms: float | None = None
+    timed_batch: int | None = None
+    timing_rounds: int = 0
+    seconds: float = 0.0  # what the comparison and the timing cost (the FP32 session, its runs, the timed runs)
+
+    @property
+    def speedup(self) -> float | None:
+        """FP32 time / INT8 time (None: not timed)."""
+        if self.int8_ms is None or self.fp32_ms is None or self.int8_ms <= 0:
+            return None
+        return self.fp32_ms / self.int8_ms
+
+    @property
+    def min_cosine(self) -> float:
+        return min((o.cosine for o in self.outputs), default=1.0)
+
+    def speed_words(self) -> str:
+        s = self.speedup
+        if s is None:
+            return ""
+        return f"{s:.2f}x faster" if s >= 1 else f"{1 / s:.2f}x slower"
+
+    def line(self, float_file: bool = False) -> str:
+        """'INT8 vs FP32 in onnxruntime: cosine 0.99987, max err 0.012, top-1 agreement 99.5%, 1.53x faster' (one
+        output; several: each named). float_file: the file has no INT8 region (the speed is graph clean-up's)."""
+        what = "float file vs FP32" if float_file else "INT8 vs FP32"
+        if len(self.outputs) == 1:
+            body = self.outputs[0].words()
+        else:
+            body = "; ".join(f"{o.name}: {o.words()}" for o in self.outputs)
+        speed = self.speed_words()
+        if speed:
+            speed += f" (batch {self.timed_batch}, median of {self.timing_rounds})"
+            if float_file:
+                speed += ": no INT8 region, a gain from graph clean-up alone"
+        return f"{what} in {self.engine}: {body}{', ' + speed if speed else ''} ({self.samples} samples of the {self.data})"
+
+    def markdown(self) -> str:
+        """The report's 'FP32 vs INT8' section: what was compared, then one bullet per output."""
+        timing = (f"; timed at batch {self.timed_batch}, median of {self.timing_rounds} interleaved rounds: "
+                  f"{self.int8_ms:.2f} ms vs {self.fp32_ms:.2f} ms FP32, {self.speed_words()}"
+                  if self.speedup is not None else "; speed not measured for this engine here")
+        lines = [f"{self.samples} samples of the {self.data}; FP32: {self.reference}{timing}.", ""]
+        lines += [f"- `{o.name}`: {o.words()}" for o in self.outputs]
+        return "\n".join(lines) + "\n"
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["speedup"] = self.speedup
+        d["outputs"] = [{**asdict(o), "shape": list(o.shape)} for o in self.outputs]
+        return d
+
+
+def is_class_scores(shape: tuple[int, ...], producer: str | None) -> bool:
+    """2-D [N, C] with C > 1, or rank >= 3 with C > 1 on the last axis produced by Softmax / LogSoftmax."""
+    if len(shape) < 2 or shape[-1] <= 1:
+        return False
+    return len(shape) == 2 or producer in CLASS_SCORE_PRODUCERS
+
+
+def compare_output(name: str, engine: Sequence[np.ndarray], fp32: Sequence[np.ndarray],
+                   producer: str | None = None) -> OutputComparison:
+    """OutputComparison of one output from per-batch engine and FP32 arrays (an engine array with FP32's element
+    count but another shape, e.g. ncnn's [N, -1], is reshaped to FP32's)."""
+    eng = [np.asarray(e).reshape(f.shape) if np.asarray(e).size == f.size else np.asarray(e)
+           for e, f in zip(engine, fp32)]
+    for e, f in zip(eng, fp32):
+        if e.shape != f.shape:
+            raise ExportError(f"output '{name}' has shape {e.shape} in the engine but {f.shape} in the FP32 model")
+    y = np.concatenate([e.ravel() for e in eng]).astype(np.float64)
+    r = np.concatenate([f.ravel() for f in fp32]).astype(np.float64)
+    err = float(np.abs(y - r).max(initial=0.0))
+    if not np.issubdtype(np.asarray(fp32[0]).dtype, np.floating):
+        return OutputComparison(name, float(np.mean(y == r)) if y.size else 1.0, err, shape=tuple(fp32[0].shape))
+    from netquant.export.validate import cosine
+
+    top1, positions = None, 0
+    if is_class_scores(tuple(fp32[0].shape), producer):
+        hits = [np.argmax(e, axis=-1) == np.argmax(f, axis=-1) for e, f in zip(eng, fp32)]
+        positions = sum(h.size for h in hits)
+        top1 = float(sum(h.sum() for h in hits) / max(positions, 1))
+    return OutputComparison(name, cosine(y, r), err, top1, positions, tuple(int(d) for d in fp32[0].shape))
+
+
+# ---- the FP32 reference in onnxruntime --------------------------------------------------------------
+
+@dataclass
+class _Reference:
+    key: tuple[Any, ...]
+    session: Any
+    label: str
+
+
+_REFERENCES: weakref.WeakKeyDictionary[Any, _Reference] = weakref.WeakKeyDictionary()
+
+
+def _cleaned_fp32(qgraph: QuantizedGraph) -> onnx.ModelProto:
+    """The cleaned-up FP32 graph as ONNX with the FP32 biases (bias correction's rewrites undone)."""
+    from onnx import numpy_helper
+
+    from netquant.export.onnx_qdq import fp32_onnx
+
+    model = onnx.ModelProto()
+    model.CopyFrom(fp32_onnx(qgraph))
+    if qgraph.bias_corrections:
+        for t in model.graph.initializer:
+            bc = qgraph.bias_corrections.get(t.name)
+            if bc is not None:
+                t.CopyFrom(numpy_helper.from_array(bc.original.detach().cpu().numpy(), t.name))
+    return model
+
+
+def fp32_reference(qgraph: QuantizedGraph, source: bool = True) -> tuple[Any, str]:
+    """(onnxruntime session, what it is) of the FP32 model: the user's source model (QuantizedGraph.fp32_source) where
+    it loads in onnxruntime and `source`, else the cleaned-up graph with its FP32 biases. Memoised per quantized
+    graph."""
+    from netquant.export.validate import ort_session
+    from netquant.passes.calibration import graph_state
+
+    model = getattr(qgraph, "fp32_source", None) if source else None
+    key = (graph_state(qgraph.graph), id(model))
+    ref = _REFERENCES.get(qgraph)
+    if ref is not None and ref.key == key:
+        return ref.session, ref.label
+    session, label = None, ""
+    if model is not None:
+        try:
+            session, label = ort_session(model.SerializeToString(), "FP32 source model"), "the source FP32 model"
+        except (ExportError, ValueError):
+            session = None
+    if session is None:
+        session = ort_session(_cleaned_fp32(qgraph).SerializeToString(), "FP32 model")
+        label = "the cleaned-up FP32 graph"
+    _REFERENCES[qgraph] = _Reference(key, session, label + " in onnxruntime")
+    return session, label + " in onnxruntime"
+
+
+def _producers(qgraph: QuantizedGraph) -> dict[str, str]:
+    return {o: n.op_type for n in qgraph.graph.nodes for o in n.outputs if o}
+
+
+def compare_with_fp32(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.ndarray]],
+                      batches: Sequence[Mapping[str, np.ndarray]], engine: str, *, sample_given: bool = False,
+                      int8_session: Any = None) -> EngineComparison:
+    """EngineComparison of the engine's outputs (per output name, one array per batch of `batches`) against the FP32
+    model (fp32_reference) run on the same batches. Outputs the FP32 model lacks are skipped. sample_given: the batches
+    are the export's `sample` (possibly held out), not the kept calibration batches.
+
+    int8_session: the exported file's onnxruntime session (it has run `batches`): both files are then timed, and the
+    FP32 runs the comparison needs are the timed ones: after one warm-up run, interleaved rounds (one run of each file
+    on the same batch) over the batches shaped like the first, repeated to at least MIN_TIMING_ROUNDS (TIMING_ROUNDS
+    within TIMING_BUDGET_S), median of each."""
+    start = time.perf_counter()
+    try:
+        comparison = _compare(qgraph, engine_outputs, batches, engine, sample_given, int8_session, source=True)
+    except ExportError:  # the source model does not run these batches in onnxruntime: the cleaned-up graph does
+        comparison = None
+    if comparison is None or not comparison.outputs:  # ... or its outputs are not the file's
+        comparison = _compare(qgraph, engine_outputs, batches, engine, sample_given, int8_session, source=False)
+    comparison.seconds = time.perf_counter() - start
+    return comparison
+
+
+def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.ndarray]],
+             batches: Sequence[Mapping[str, np.ndarray]], engine: str, sample_given: bool, int8_session: Any,
+             source: bool) -> EngineComparison:
+    sess, label = fp32_reference(qgraph, source)
+    names = [o.name for o in sess.get_outputs()]
+    wanted = {i.name for i in sess.get_inputs()}
+    feeds = [{k: v for k, v in b.items() if k in wanted} for b in batches]
+
+    def run(i: int) -> list[np.ndarray]:
+        try:
+            return sess.run(None, feeds[i])
+        except Exception as exc:
+            raise ExportError(f"the FP32 model ({label}) fails on a validation batch: {exc}") from exc
+
+    got: dict[int, list[np.ndarray]] = {}
+    t8: list[float] = []
+    t32: list[float] = []
+    if int8_session is not None and batches:
+        f8 = [{k: v for k, v in b.items() if k in {i.name for i in int8_session.get_inputs()}} for b in batches]
+        shape0 = {k: v.shape for k, v in batches[0].items()}
+        same = [i for i, b in enumerate(batches) if {k: v.shape for k, v in b.items()} == shape0]
+        got[0] = run(0)  # warm-up (the int8 session ran every batch in validation)
+        order, n = list(same), 0
+        while n < len(order):
+            i = order[n]
+            t = time.perf_counter()
+            int8_session.run(None, f8[i])
+            t8.append(1e3 * (time.perf_counter() - t))
+            t = time.perf_counter()
+            got[i] = run(i)
+            t32.append(1e3 * (time.perf_counter() - t))
+            if n == 0:
+                fit = int(TIMING_BUDGET_S * 1e3 / max(t8[0] + t32[0], 1e-6))
+                rounds = max(MIN_TIMING_ROUNDS, len(same), min(TIMING_ROUNDS, fit))
+                order += [same[k % len(same)] for k in range(len(order), rounds)]
+            n += 1
+    for i in range(len(batches)):
+        if i not in got:
+            got[i] = run(i)
+    fp32 = {n: [got[i][k] for i in range(len(batches))] for k, n in enumerate(names)}
+    producers = _producers(qgraph)
+    outputs = [compare_output(n, engine_outputs[n], fp32[n], producers.get(n)) for n in names
+               if n in engine_outputs and len(engine_outputs[n]) == len(batches)]
+    samples = sum(int(next(iter(b.values())).shape[0]) if b and next(iter(b.values())).ndim else 1 for b in batches)
+    comparison = EngineComparison(engine=engine, reference=label, outputs=outputs, batches=len(batches),
+                                  samples=samples, data="export's sample batch" if sample_given else "calibration batches")
+    if t8:
+        first = next(iter(batches[0].values()), None)
+        comparison.int8_ms, comparison.fp32_ms = statistics.median(t8), statistics.median(t32)
+        comparison.timed_batch = int(first.shape[0]) if first is not None and first.ndim else 1
+        comparison.timing_rounds = len(t8)
+    return comparison
+
+
+def check_vs_fp32(comparison: EngineComparison | None, min_cosine: float | None, where: str) -> None:
+    """ExportError naming every output whose cosine vs FP32 is below min_cosine (None: no check)."""
+    if comparison is None or min_cosine is None:
+        return
+    bad = [o for o in comparison.outputs if o.cosine < min_cosine]
+    if bad:
+        detail = "; ".join(f"output '{o.name}': {o.words()}" for o in bad)
+        raise ExportError(
+            f"exported model for '{where}' loses too much against FP32 in {comparison.engine} over "
+            f"{comparison.samples} sample(s) ({detail}; min_cosine {min_cosine}): the quantized model is broken for "
+            "these inputs (tiny weights or activations, or a model that does not survive 8 bits). Check the "
+            "calibration data, keep the layers named by layer_report in float (force_fp32 / --fp32-ops), or lower the "
+            "threshold (quantize_onnx(min_cosine=...) / --min-cosine) to write it anyway. No file written.")

@@ -1,0 +1,219 @@
+"""export.fidelity: every exported file, run in its engine, compared with the FP32 model in onnxruntime (cosine, max
+error, top-1 agreement, latency), recomputed here independently; the catastrophic-loss refusal and its threshold."""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+
+import netquant
+from netquant.errors import ConfigError, ExportError
+from netquant.export.fidelity import DEFAULT_MIN_COSINE, compare_output, is_class_scores
+from tests.conftest import CliInvoke
+from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
+
+
+def _cos(a: np.ndarray, b: np.ndarray) -> float:
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def _sess(model: onnx.ModelProto | Path) -> ort.InferenceSession:
+    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    return ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+
+
+def _batches(qm) -> list[np.ndarray]:
+    return [b["x"].numpy() for b in qm.qgraph.validation_batches]
+
+
+def _quantize(platform: str = "onnxruntime_int8", **kw):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return netquant.quantize_onnx(conv_relu_gemm(), calib_batches((8, 3, 8, 8), n=4), platform=platform,
+                                      quiet=True, **kw)
+
+
+def _expected(engine_out: list[np.ndarray], batches: list[np.ndarray]) -> tuple[float, float, float]:
+    """(cosine, max abs error, top-1 agreement) of the engine's outputs vs the source model in onnxruntime."""
+    ref = [_sess(conv_relu_gemm()).run(None, {"x": x})[0] for x in batches]
+    y, r = np.concatenate(engine_out), np.concatenate(ref)
+    return _cos(y, r), float(np.abs(y.astype(np.float64) - r).max()), float(np.mean(y.argmax(1) == r.argmax(1)))
+
+
+def test_onnxruntime_export_reports_fp32_vs_int8_recomputed_independently(tmp_path):
+    qm = _quantize()
+    path = tmp_path / "q.onnx"
+    report = qm.export(path)
+    c = report.vs_fp32
+    batches = _batches(qm)
+    assert c.engine == "onnxruntime" and c.reference == "the source FP32 model in onnxruntime"
+    assert c.batches == len(batches) and c.samples == sum(len(x) for x in batches) and c.data == "calibration batches"
+    cos, err, top1 = _expected([_sess(path).run(None, {"x": x})[0] for x in batches], batches)
+    (o,) = c.outputs
+    assert o.name == "y" and o.shape == (8, 5)
+    assert o.cosine == pytest.approx(cos, abs=1e-9) and o.max_abs_err == pytest.approx(err, rel=1e-6)
+    assert o.top1_agreement == pytest.approx(top1) and o.top1_positions == c.samples
+    assert 0.99 < o.cosine < 1.0
+    # latency: the calibration batch, interleaved rounds, median
+    assert c.timed_batch == 8 and 3 <= c.timing_rounds <= 5 and c.int8_ms > 0 and c.fp32_ms > 0
+    assert c.speedup == pytest.approx(c.fp32_ms / c.int8_ms)
+    line = c.line()
+    assert re.match(r"INT8 vs FP32 in onnxruntime: cosine 0\.99\d{3}, max err [\d.e-]+, top-1 agreement [\d.]+%, "
+                    r"[\d.]+x (faster|slower) \(batch 8, median of \d\)", line), line
+    s = qm.summary()["vs_fp32"]
+    assert s[0]["outputs"][0]["cosine"] == o.cosine and s[0]["speedup"] == c.speedup
+    assert json.loads(json.dumps(qm.summary()))["vs_fp32"] == s and qm.vs_fp32 == [c]
+    qm.export(tmp_path / "q.json", format="json")
+    assert json.loads((tmp_path / "q.json").read_text())["vs_fp32"][0]["outputs"][0]["top1_agreement"] == top1
+
+
+def test_a_catastrophic_loss_is_refused_naming_the_output_unless_the_threshold_is_lowered(tmp_path):
+    """A threshold above the file's cosine stands in for a broken file (which the default, 0.97, refuses: see
+    test_broken_outputs_fall_below_the_default): ExportError with the numbers and the output, no file."""
+    cos = _quantize().export(tmp_path / "ok.onnx").vs_fp32.outputs[0].cosine
+    strict = _quantize(min_cosine=(1 + cos) / 2)
+    path = tmp_path / "q.onnx"
+    with pytest.raises(ExportError, match=r"loses too much against FP32 in onnxruntime .*output 'y': cosine "
+                                          rf"{cos:.5f}.*min_cosine") as err:
+        strict.export(path)
+    assert "--min-cosine" in str(err.value) and not path.exists()
+    assert strict.export(path, min_fp32_cosine=cos - 0.001).vs_fp32.outputs[0].cosine == pytest.approx(cos)
+    with pytest.raises(ConfigError, match="min_cosine"):
+        _quantize(min_cosine=1.5)
+
+
+def test_broken_outputs_fall_below_the_default():
+    """Hand-checked vectors: an all-zero output (cosine 0) and sign-flipped scores are far below DEFAULT_MIN_COSINE;
+    top-1 agreement counts the rows whose argmax matches."""
+    ref = np.array([[1.0, 2.0], [3.0, 4.0]], dtype=np.float32)
+    zero = compare_output("y", [np.zeros_like(ref)], [ref])
+    assert zero.cosine == 0.0 and zero.max_abs_err == 4.0 and zero.top1_agreement == 0.0  # argmax 0, FP32 1
+    swapped = compare_output("y", [np.array([[1.0, 2.0], [4.0, 3.0]], dtype=np.float32)], [ref])
+    assert swapped.cosine == pytest.approx((1 + 4 + 12 + 12) / 30) and swapped.top1_agreement == 0.5
+    assert swapped.max_abs_err == 1.0
+    assert zero.cosine < DEFAULT_MIN_COSINE and swapped.cosine < 1.0
+    flipped = compare_output("y", [-ref], [ref])
+    assert flipped.cosine == pytest.approx(-1.0) and flipped.cosine < DEFAULT_MIN_COSINE
+
+
+def test_class_scores_are_2d_or_softmax_outputs():
+    assert is_class_scores((8, 5), "Gemm") and not is_class_scores((8, 1), "Gemm")
+    assert is_class_scores((8, 40, 6625), "Softmax") and not is_class_scores((8, 40, 384), "Add")
+    assert not is_class_scores((8, 16, 4, 4), "Conv")
+    conv = compare_output("c", [np.ones((2, 3, 4, 4), np.float32)], [np.ones((2, 3, 4, 4), np.float32)], "Conv")
+    assert conv.top1_agreement is None and conv.cosine == pytest.approx(1.0)
+
+
+def test_reference_only_platforms_compare_without_timing(tmp_path):
+    """TensorRT's file is checked in the Q/DQ reference semantics: compared with FP32 there, not timed."""
+    qm = _quantize("tensorrt_int8")
+    c = qm.export(tmp_path / "t.onnx").vs_fp32
+    assert c.engine.startswith("the Q/DQ reference") and c.speedup is None and c.int8_ms is None
+    assert c.outputs[0].cosine > 0.99 and "faster" not in c.line()
+
+
+def test_cli_prints_fp32_vs_int8_and_refuses_below_min_cosine(run_cli: CliInvoke, tmp_path: Path):
+    model, calib = tmp_path / "m.onnx", tmp_path / "c.npy"
+    onnx.save(conv_relu_gemm(), model)
+    np.save(calib, np.concatenate(calib_batches((8, 3, 8, 8), n=4)))
+    out, params = tmp_path / "q.onnx", tmp_path / "q.json"
+    ok = run_cli("quantize", model, "--calib", calib, "-o", out, "--batch-size", "8", "--json", params)
+    assert ok.exit_code == 0, ok.output
+    text = " ".join(re.sub("[│┃┌┐└┘├┤─┬┴┼━]", " ", ok.output).split())
+    stored = json.loads(params.read_text())["vs_fp32"][0]
+    cos = stored["outputs"][0]["cosine"]
+    assert f"INT8 vs FP32 in onnxruntime: cosine {cos:.5f}" in text and "top-1 agreement" in text
+    assert "(batch 8, median of" in text
+    out.unlink()
+    report = tmp_path / "r.md"
+    assert run_cli("quantize", model, "--calib", calib, "-o", out, "--batch-size", "8", "-q", "--report",
+                   report).exit_code == 0
+    section = report.read_text().split("## FP32 vs INT8 in onnxruntime\n\n")[1].split("## Per layer")[0]
+    assert section.startswith("24 samples of the calibration batches; FP32: the source FP32 model in onnxruntime; "
+                              "timed at batch 8, median of")
+    assert re.search(r"- `y`: cosine 0\.99\d{3}, max err [\d.e-]+, top-1 agreement [\d.]+%", section), section
+    out.unlink()
+    refused = run_cli("quantize", model, "--calib", calib, "-o", out, "--batch-size", "8",
+                      "--min-cosine", str((1 + cos) / 2))
+    assert refused.exit_code == 1 and not out.exists()
+    assert "loses too much against FP32" in refused.output and "output 'y'" in refused.output
+    lowered = run_cli("quantize", model, "--calib", calib, "-o", out, "--batch-size", "8", "--min-cosine", "0.5", "-q")
+    assert lowered.exit_code == 0 and out.exists()
+
+
+# ---- the other engines: their outputs vs FP32 in onnxruntime --------------------------------------------------
+
+def test_litert_export_compares_litert_outputs_with_fp32(tmp_path):
+    litert = pytest.importorskip("ai_edge_litert.interpreter")
+    qm = _quantize("tflite_int8")
+    path = tmp_path / "q.tflite"
+    c = qm.export(path).vs_fp32
+    it = litert.Interpreter(model_path=str(path), num_threads=1)
+    it.allocate_tensors()
+    d_in, d_out = it.get_input_details()[0], it.get_output_details()[0]
+
+    def run(x: np.ndarray) -> np.ndarray:
+        ys = []
+        for k in range(len(x)):
+            it.set_tensor(d_in["index"], np.ascontiguousarray(x[k:k + 1].transpose(0, 2, 3, 1)))
+            it.invoke()
+            ys.append(it.get_tensor(d_out["index"]).copy())
+        return np.concatenate(ys)
+
+    batches = _batches(qm)
+    cos, err, top1 = _expected([run(x) for x in batches], batches)
+    assert c.engine == "LiteRT" and c.speedup is None
+    assert c.outputs[0].cosine == pytest.approx(cos, abs=1e-9) and c.outputs[0].max_abs_err == pytest.approx(err)
+    assert c.outputs[0].top1_agreement == pytest.approx(top1) and cos > 0.99
+
+
+def test_openvino_export_compares_openvino_outputs_with_fp32(tmp_path):
+    ov = pytest.importorskip("openvino")
+    qm = _quantize("openvino_int8")
+    path = tmp_path / "q.xml"
+    c = qm.export(path).vs_fp32
+    compiled = ov.Core().compile_model(str(path), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+    batches = _batches(qm)
+    cos, err, top1 = _expected([compiled({"x": x})[compiled.outputs[0]] for x in batches], batches)
+    assert c.engine.startswith("OpenVINO") and c.speedup is None
+    assert c.outputs[0].cosine == pytest.approx(cos, abs=1e-6) and c.outputs[0].top1_agreement == pytest.approx(top1)
+    assert c.outputs[0].max_abs_err == pytest.approx(err, rel=1e-3, abs=1e-5) and cos > 0.99
+
+
+def test_ncnn_export_compares_ncnn_outputs_with_fp32(tmp_path):
+    pytest.importorskip("ncnn")
+    pytest.importorskip("pnnx")
+    from netquant.export.ncnn.runner import NcnnRunner
+
+    qm = _quantize("ncnn_int8")
+    path = tmp_path / "q.param"
+    report = qm.export(path)
+    c = report.vs_fp32
+    runner = NcnnRunner(path, path.with_suffix(".bin"), int8=True)
+    blobs = report.blob_names
+    batches = _batches(qm)
+    got = [runner.run_batch({"x": x}, [blobs["x"]], [blobs["y"]])[0].reshape(len(x), -1) for x in batches]
+    cos, err, top1 = _expected(got, batches)
+    assert c.engine == "ncnn" and c.speedup is None
+    assert c.outputs[0].cosine == pytest.approx(cos, abs=1e-9) and c.outputs[0].top1_agreement == pytest.approx(top1)
+    assert c.outputs[0].max_abs_err == pytest.approx(err) and cos > 0.99
+
+
+def test_a_source_onnxruntime_cannot_run_falls_back_to_the_cleaned_graph_with_fp32_biases(tmp_path):
+    """The reference is the source model where onnxruntime runs it, else the cleaned-up graph (same numbers here:
+    clean-up is exact)."""
+    qm = _quantize()
+    expected = qm.export(tmp_path / "a.onnx").vs_fp32
+    qm.qgraph.fp32_source = onnx.ModelProto()  # onnxruntime cannot load an empty model
+    c = qm.export(tmp_path / "b.onnx").vs_fp32
+    assert expected.reference == "the source FP32 model in onnxruntime"
+    assert c.reference == "the cleaned-up FP32 graph in onnxruntime"
+    assert c.outputs[0].cosine == pytest.approx(expected.outputs[0].cosine, abs=1e-6)
