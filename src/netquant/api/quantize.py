@@ -88,8 +88,11 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
                   **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
 
-    passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
-    after bias quantization and before the final deployability check (so they see calibrated params).
+    passes: your own netquant.passes.PassBase instances, added to the default passes where each one's `stage` says
+    (netquant.passes.Stage; in order within a stage): QUANTIZED (default) after bias quantization and correction,
+    before the final deployability check (so they see calibrated params); GRAPH before configs are built (graph
+    rewrites such as passes.smoothquant.SmoothQuantPass, passes.equalization.EqualizationPass); WEIGHTS once weight
+    scales are final, before bias correction (passes.adaround.AdaRoundPass).
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data, placement_from;
