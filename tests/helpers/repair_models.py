@@ -61,7 +61,7 @@ def _conv(name: str, x: str, w: str, b: str, y: str, k: int, group: int = 1) -> 
 
 
 def cnn_model(c: int = 8, seed: int = 0, relu6: bool = False) -> onnx.ModelProto:
-    """x[N, 3, 12, 12] -> Conv3x3 -> Relu -> depthwise Conv3x3 -> Relu -> Conv1x1 -> (+ Conv3x3 output: a
+    """x[N, 3, 12, 12] -> Conv3x3 -> Relu -> depthwise Conv3x3 -> Relu -> Conv1x1 -> (+ Conv1x1 of x: a
     residual join) -> PRelu -> Conv1x1 -> Flatten -> Gemm(transB) -> Relu -> Gemm -> y. Output channels of each
     conv get per-channel weight scales spanning ~3 orders of magnitude (what BatchNorm folding leaves)."""
     rng = np.random.default_rng(seed)
@@ -81,6 +81,7 @@ def cnn_model(c: int = 8, seed: int = 0, relu6: bool = False) -> onnx.ModelProto
         _init("w1", w((c, 3, 3, 3))), _init("c1", rng.normal(0, 0.5, c)),
         _init("w2", w((c, 1, 3, 3))), _init("c2", rng.normal(0.5, 0.5, c)),
         _init("w3", w((c, c, 1, 1))), _init("c3", rng.normal(0, 0.5, c)),
+        _init("ws", w((c, 3, 1, 1))), _init("cs", rng.normal(0, 0.5, c)),
         _init("slope", rng.uniform(0.05, 0.3, (c, 1, 1))),
         _init("w4", w((c, c, 1, 1))), _init("c4", rng.normal(0, 0.5, c)),
         _init("g1", w((16, c * 4))), _init("d1", rng.normal(0, 0.5, 16)),
@@ -93,7 +94,8 @@ def cnn_model(c: int = 8, seed: int = 0, relu6: bool = False) -> onnx.ModelProto
         _conv("dw", "r1", "w2", "c2", "a2", 3, group=c),
         relu("a2", "r2", f"{act.lower()}2"),
         _conv("pw", "r2", "w3", "c3", "a3", 1),
-        helper.make_node("Add", ["a3", "a1"], ["s"], name="join"),
+        _conv("skip", "x", "ws", "cs", "sk", 1),
+        helper.make_node("Add", ["a3", "sk"], ["s"], name="join"),
         helper.make_node("PRelu", ["s", "slope"], ["p"], name="prelu"),
         _conv("pw2", "p", "w4", "c4", "a4", 1),
         helper.make_node("MaxPool", ["a4"], ["m"], name="pool", kernel_shape=[6, 6], strides=[6, 6]),
