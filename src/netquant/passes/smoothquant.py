@@ -47,7 +47,7 @@ from netquant.passes.rescale import (
     set_input,
 )
 
-DEFAULT_ALPHAS = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05 .. 0.95
+DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(1, 10))  # 0.1 .. 0.9
 EPS = 1e-8
 
 
@@ -94,14 +94,16 @@ def _op_fn(graph: Graph, node: Node):  # noqa: ANN202 - the registry's kernel ty
 class SmoothQuantPass(PassBase):
     """SmoothQuant (module docstring). alphas: the strengths searched; min_gain: the relative error reduction a
     tensor needs to be smoothed; max_batches: calibration batches for the channel ranges; sample_rows: activation
-    rows (MatMul / Gemm) kept for the search; sample_images: Conv inputs kept; insert_mul: smooth readers whose
+    rows (MatMul / Gemm) kept for the search; sample_images / sample_pixels: Conv inputs kept, centre-cropped to at
+    most sample_pixels per spatial dim; insert_mul: smooth readers whose
     producer cannot absorb 1 / s through an explicit Mul; ops: op types smoothed."""
 
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
     min_gain: float = 0.02
     max_batches: int = 8
     sample_rows: int = 1024
-    sample_images: int = 4
+    sample_images: int = 2
+    sample_pixels: int = 16
     insert_mul: bool = False
     ops: tuple[str, ...] = ("MatMul", "Gemm", "Conv")
     results: list[SmoothResult] = field(default_factory=list, repr=False)
@@ -180,7 +182,12 @@ class SmoothQuantPass(PassBase):
         else:
             have = 0 if kept is None else kept.shape[0]
             new = x[: max(0, self.sample_images - have)]
-        return new.clone() if kept is None else torch.cat([kept, new])
+            for d in range(2, new.dim()):
+                extra = new.shape[d] - self.sample_pixels
+                if extra > 0:
+                    new = new.narrow(d, extra // 2, self.sample_pixels)
+        new = new.contiguous().clone()
+        return new if kept is None else torch.cat([kept, new])
 
     # ---- the search ----------------------------------------------------------------------------
     def _error(self, graph: Graph, site: _Site, s: torch.Tensor | None, a_spec: QuantSpec,
@@ -189,14 +196,14 @@ class SmoothQuantPass(PassBase):
         x = site.sample
         if s is not None:
             shape = [-1] if site.act_axis < 0 else [-1] + [1] * (x.dim() - 2)
-            x = (x.double() / s.reshape(shape)).float()
+            x = x / s.float().reshape(shape)
         xq = fake_quant_activation(x, a_spec)
         total = 0.0
         for r, ref in zip(site.readers, refs):
             w = graph.initializers[r.weight]
             ws = scale_in_channels(r, w, s) if s is not None else w
             y = self._apply(graph, r, xq, fake_quant_weight(r, ws, w_spec))
-            total += float((y.double() - ref).square().sum() / ref.square().sum().clamp_min(EPS))
+            total += float((y - ref).square().sum() / ref.square().sum().clamp_min(EPS))
         return total
 
     @staticmethod
@@ -210,7 +217,7 @@ class SmoothQuantPass(PassBase):
                 ) -> SmoothResult:
         assert site.absmax is not None and site.sample is not None
         with torch.no_grad():
-            refs = [self._apply(graph, r, site.sample, graph.initializers[r.weight]).double() for r in site.readers]
+            refs = [self._apply(graph, r, site.sample, graph.initializers[r.weight]) for r in site.readers]
             base = self._error(graph, site, None, a_spec, w_spec, refs)
             w_max = torch.stack([in_channel_absmax(r, graph.initializers[r.weight]) for r in site.readers]).amax(0)
             x_max = site.absmax
