@@ -1,8 +1,8 @@
 """Cross-layer equalization and high-bias absorption (Nagel et al. 2019, "Data-Free Quantization"), exact in FP32.
 
 A pair of linear ops (Conv of any group, depthwise included; Gemm; MatMul) where the first's output reaches the
-second's input through positively homogeneous ops only (Relu, LeakyRelu, PRelu, MaxPool, Identity; an Add / Sub
-of a per-channel constant, e.g. a MatMul's bias), every tensor on the way read by nothing else:
+second's input through positively homogeneous ops only (Relu, LeakyRelu, PRelu, MaxPool, Identity; the bias Add
+right after a MatMul), every tensor on the way read by nothing else:
 
     r1[c] = max |W1[c, ...]|   (output channel c of the first op)
     r2[c] = max |W2[:, c, ...]| (everything the second op reads of channel c; over all readers of the tensor)
@@ -111,9 +111,12 @@ def _walk_up(graph: Graph, tensor: str, clip: ClipMode) -> tuple[LinearOp, list[
             bounds = _clip_bounds(graph, node)
             if clip is ClipMode.SKIP or bounds is None or bounds[0] != 0.0:
                 return None
-        elif op in ("Add", "Sub"):
+        elif op in ("Add", "Sub"):  # a bias Add right after the linear op (see rescale.Rescaler.plan_fold)
             consts = [i for i, n in enumerate(node.inputs) if n in graph.initializers]
             if len(consts) != 1:
+                return None
+            below = graph.producer(node.inputs[1 - consts[0]])
+            if below is None or linear_op(graph, below) is None:
                 return None
         elif op not in HOMOGENEOUS or (op == "MaxPool" and len(node.outputs) > 1 and any(node.outputs[1:])):
             return None

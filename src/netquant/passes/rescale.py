@@ -7,8 +7,8 @@ A linear op y = op(x, W) with input channels c and output channels o:
 
 and a positively homogeneous op g (Relu, LeakyRelu, PRelu, MaxPool, Identity) commutes with a positive
 per-channel factor: g(f * x) = f * g(x) for f > 0. `fold_channel_scale` multiplies a tensor's channels by f
-by rewriting upstream constants (a producer's weights and bias, a LayerNormalization's scale and bias, an
-Add / Mul constant); `insert_channel_mul` puts an explicit Mul where nothing folds.
+by rewriting upstream constants (a producer's weights and bias, the bias Add after a MatMul, a
+LayerNormalization's scale and bias); `insert_channel_mul` puts an explicit Mul where nothing folds.
 """
 
 from __future__ import annotations
@@ -224,22 +224,23 @@ class Rescaler:
             if not edits or len(node.outputs) > 1 and any(node.outputs[1:]):
                 return None
             return edits
-        if op in ("Add", "Sub", "Mul") and len(node.inputs) == 2:
+        if op in ("Add", "Sub") and len(node.inputs) == 2:
+            # a bias Add right after a linear op only: the quantizer reads it as that op's bias; any other
+            # constant operand is quantized as a tensor of its own (per tensor), where a per-channel spread of
+            # scales would cost the small channels their precision
             consts = [i for i, name in enumerate(node.inputs) if name in g.initializers]
             if len(consts) != 1:
                 return None
             ci = consts[0]
+            src = node.inputs[1 - ci]
+            src_node = g.producer(src)
+            if src_node is None or linear_op(g, src_node) is None or not self._single_reader(src):
+                return None
             nc = _channel_const(g.initializers[node.inputs[ci]], f, act_axis, rank)
             if nc is None:
                 return None
-            edit: Edit = lambda: set_input(g, node, ci, nc)  # noqa: E731
-            if op == "Mul":
-                return [edit]
-            src = node.inputs[1 - ci]
-            if not self._single_reader(src):
-                return None
             rest = self.plan_fold(src, f, act_axis, rank)
-            return None if rest is None else [edit, *rest]
+            return None if rest is None else [lambda: set_input(g, node, ci, nc), *rest]
         return None
 
     def insert_channel_mul(self, tensor: str, f: torch.Tensor, act_axis: int, rank: int | None,

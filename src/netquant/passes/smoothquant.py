@@ -14,8 +14,8 @@ error with fake quantization (activations per tensor at min / max, weights with 
 
 on a sample of the calibration activations; the best alpha is applied only where it lowers err below the
 unsmoothed error by `min_gain` (relative). 1 / s is folded into the producer (a LayerNormalization's scale and
-bias, a Conv / Gemm / MatMul's output channels with their bias, an Add / Mul constant, through Relu / PRelu /
-LeakyRelu / MaxPool) when every reader of X is smoothed with the same s; otherwise (a graph input, a residual
+bias, a Conv / Gemm / MatMul's output channels with their bias or bias Add, through Relu / PRelu / LeakyRelu /
+MaxPool) when every reader of X is smoothed with the same s; otherwise (a graph input, a residual
 branch, an unfoldable producer) an explicit Mul is put on the edges into the smoothed readers (insert_mul).
 Runs before configs are built (Stage.GRAPH): weight and activation scales are then calibrated on the smoothed
 model, and pair-limited weights (x86 without VNNI) are pair-limited as usual.
@@ -96,7 +96,8 @@ class SmoothQuantPass(PassBase):
     tensor needs to be smoothed; max_batches: calibration batches for the channel ranges; sample_rows: activation
     rows (MatMul / Gemm) kept for the search; sample_images / sample_pixels: Conv inputs kept, centre-cropped to at
     most sample_pixels per spatial dim; insert_mul: smooth readers whose
-    producer cannot absorb 1 / s through an explicit Mul; ops: op types smoothed."""
+    producer cannot absorb 1 / s through an explicit Mul (off by default: the Mul's input is still quantized at the
+    unsmoothed range, and its per-channel constant is quantized per tensor); ops: op types smoothed."""
 
     alphas: tuple[float, ...] = DEFAULT_ALPHAS
     min_gain: float = 0.02
