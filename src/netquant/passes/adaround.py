@@ -9,14 +9,15 @@ one of the choices). Relaxed:
     W~(V)  = s * (clamp(floor(W / s + z) + h(V), qmin, qmax) - z)
     loss   = |op(q(x), W~(V)) - op(x, W)|^2 / |op(x, W)|^2 + lam * mean(1 - |2 h(V) - 1|^beta)
 
-x: the op's input in the FP32 model on calibration batches (captured through the executor), q: the op's own
-input quantizer (the relative error makes lam scale-free); V starts where h(V) is W / s's fractional part; beta
+x: the op's input in the FP32 model on calibration batches (captured through the executor), q(x) what the
+fake-quantized model feeds it (layers before it with their learned codes; asymmetric=False: x through the op's
+own input quantizer); the relative error makes lam scale-free; V starts where h(V) is W / s's fractional part; beta
 anneals linearly from 20 to 2 after a warm-up
 (`warmup` of the iterations without the regularizer); Adam on V, torch autograd on CPU, minibatches drawn with
 a seeded generator (same seed, same codes). The final codes are floor + (V >= 0); a weight with a pair limit
 (x86 without VNNI: same-sign pairs |q0| + |q1| <= 128) takes nearest rounding's codes (which keep the limit:
 core.int_kernels.limit_pair_sums) in every pair the learned codes would put over it. A layer keeps the learned codes only where they lower
-its output MSE on the captured inputs below nearest rounding's.
+its output MSE below nearest rounding's on the last quarter of its captured inputs, which it never trained on.
 
 Runs after bias quantization (Stage.WEIGHTS), before bias correction (which then corrects the mean shift of the
 learned codes). The graph holds the rounded weights (codes x scale) while the op's weights are quantized with
@@ -129,7 +130,10 @@ class AdaRoundPass(PassBase):
     """AdaRound (module docstring). iterations: optimizer steps per layer; lr: Adam's; lam: the regularizer's
     weight; warmup: share of the iterations before the regularizer; batch_images / batch_rows: inputs per step
     (Conv / Gemm-MatMul); max_images / max_rows: inputs kept per layer; max_batches: calibration batches read;
-    ops: op names (None: every Conv / Gemm / MatMul with quantized integer weights); seed: minibatch order."""
+    ops: op names (None: every Conv / Gemm / MatMul with quantized integer weights); seed: minibatch order;
+    crop_pixels: each step trains a Conv on one random window of at most this many pixels per spatial dim (the
+    target computed on the same window); asymmetric: learn on the inputs the quantized model feeds the layer (AdaRound's asymmetric reconstruction:
+    upstream rounding and activation errors included), else on the FP32 model's, quantized by its input quantizer."""
 
     iterations: int = 300
     lr: float = 3e-2
@@ -144,6 +148,8 @@ class AdaRoundPass(PassBase):
     max_batches: int = 8
     ops: tuple[str, ...] | None = None
     seed: int = 0
+    asymmetric: bool = True
+    crop_pixels: int = 32
     results: list[LayerResult] = field(default_factory=list, repr=False)
 
     name: ClassVar[str] = "adaround"
@@ -205,11 +211,13 @@ class AdaRoundPass(PassBase):
             while pending and (not group or size < budget):
                 group.append(pending.pop(0))
                 size += self._estimate(qgraph, group[-1], batches)
-            inputs = self._capture(qgraph, group, batches)
+            inputs = self._capture(qgraph, group, batches, fake_quant=False)
+            seen = self._capture(qgraph, group, batches, fake_quant=True) if self.asymmetric else inputs
             for t in group:
-                x = inputs.pop(t.oc.op.name, None)
-                if x is not None:
-                    self._round(ctx, qgraph, t, x)
+                xs = seen.pop(t.oc.op.name, None)
+                x = inputs.pop(t.oc.op.name, None) if self.asymmetric else xs
+                if x is not None and xs is not None:
+                    self._round(ctx, qgraph, t, x, xs)
                 next(progress, None)
         for _ in progress:
             pass
@@ -219,15 +227,19 @@ class AdaRoundPass(PassBase):
         keep = self.max_images if t.oc.op.op_type == "Conv" else self.max_rows
         return int(keep * max(w.shape[1] if t.oc.op.op_type == "Conv" else w.shape[0], 1) * 64)
 
-    def _capture(self, qgraph: QuantizedGraph, group: list[_Target], batches: list[dict[str, torch.Tensor]]
-                 ) -> dict[str, torch.Tensor]:
-        """Each op's FP32 input (the original model's), up to max_images images / max_rows rows."""
-        ex = qgraph.executor(fake_quant=False)
+    def _capture(self, qgraph: QuantizedGraph, group: list[_Target], batches: list[dict[str, torch.Tensor]],
+                 fake_quant: bool) -> dict[str, torch.Tensor]:
+        """Each op's input in the FP32 model (fake_quant False) or the fake-quantized one (the layers rounded so
+        far with their learned codes), up to max_images images / max_rows rows, the same samples either way."""
+        ex = qgraph.executor(fake_quant=fake_quant)
         names = sorted({t.oc.op.inputs[0] for t in group})
         kept: dict[str, list[torch.Tensor]] = {n: [] for n in names}
         counts = dict.fromkeys(names, 0)
+        only_images = all(t.oc.op.op_type == "Conv" for t in group)
         with torch.no_grad():
             for batch in batches:
+                if only_images and all(counts[n] >= self.max_images for n in names):
+                    break
                 values = ex.run(batch, outputs=names)
                 for n in names:
                     x = values[n].float()
@@ -244,8 +256,19 @@ class AdaRoundPass(PassBase):
         joined = {n: torch.cat(v) for n, v in kept.items() if v}
         return {t.oc.op.name: joined[t.oc.op.inputs[0]] for t in group if t.oc.op.inputs[0] in joined}
 
-    def _round(self, ctx: PassContext, qgraph: QuantizedGraph, t: _Target, x: torch.Tensor) -> None:
-        """Learn the rounding of one layer's weight on its captured inputs x; record it (module docstring)."""
+    def _crop(self, x: torch.Tensor, xq: torch.Tensor, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same random window of at most crop_pixels per spatial dim from both (inputs of a Conv), else both."""
+        for d in range(2, x.dim()):
+            extra = x.shape[d] - self.crop_pixels
+            if extra > 0:
+                start = int(torch.randint(0, extra + 1, (1,), generator=gen))
+                x, xq = x.narrow(d, start, self.crop_pixels), xq.narrow(d, start, self.crop_pixels)
+        return x, xq
+
+    def _round(self, ctx: PassContext, qgraph: QuantizedGraph, t: _Target, x: torch.Tensor, seen: torch.Tensor
+               ) -> None:
+        """Learn the rounding of one layer's weight on its captured inputs: x in the FP32 model (the target
+        op(x, W)), `seen` what the quantized model feeds it; record it (module docstring)."""
         t0 = time.perf_counter()
         graph = qgraph.graph
         node = t.oc.op
@@ -262,24 +285,25 @@ class AdaRoundPass(PassBase):
         rest = (real - floor).clamp(1e-4, 1 - 1e-4)
         fn = _kernel(graph, node)
         a_root = t.a_cfg.root if t.a_cfg is not None else None
-        xq = fake_quant(x, a_root) if a_root is not None and emits(a_root) else x
-        with torch.no_grad():
-            ref_full = fn(x, w)
+        xq = fake_quant(seen, a_root) if a_root is not None and emits(a_root) else seen
         nearest_codes = constant_codes(w, cfg).double()
         v = (-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0)).float().requires_grad_(True)
         adam = _Adam(v, self.lr)
         gen = torch.Generator().manual_seed(self.seed)
         n_items = x.shape[0]
-        per_step = min(n_items, self.batch_images if node.op_type == "Conv" else self.batch_rows)
+        held = n_items // 4  # the keep decision is taken on inputs the rounding never trained on
+        n_train = n_items - held
+        per_step = min(n_train, self.batch_images if node.op_type == "Conv" else self.batch_rows)
         sf, zf, floor_f = s.float(), z.float(), floor.float()
         warm = int(self.warmup * self.iterations)
         for it in range(self.iterations):
-            idx = torch.randperm(n_items, generator=gen)[:per_step]
+            idx = torch.randperm(n_train, generator=gen)[:per_step]
+            xs, xqs = self._crop(x[idx], xq[idx], gen)
             h = (torch.sigmoid(v) * (ZETA - GAMMA) + GAMMA).clamp(0.0, 1.0)
             wq = sf * ((floor_f + h).clamp(spec.qmin, spec.qmax) - zf)
             with torch.no_grad():
-                ref = ref_full[idx]
-            loss = (fn(xq[idx], wq) - ref).square().sum() / ref.square().sum().clamp_min(1e-30)
+                ref = fn(xs, w)
+            loss = (fn(xqs, wq) - ref).square().sum() / ref.square().sum().clamp_min(1e-30)
             if it >= warm:
                 frac = (it - warm) / max(1, self.iterations - warm)
                 beta = self.beta_end + (self.beta_start - self.beta_end) * (1 - frac)
@@ -295,8 +319,10 @@ class AdaRoundPass(PassBase):
             rounded = ((codes - z) * s).float()
             check = quantize(rounded, params.scale, params.zero_point, spec).double()
             ok = bool(torch.equal(check, codes))
-            mse_near = float((fn(xq, ((nearest_codes - z) * s).float()) - ref_full).square().mean())
-            mse_ada = float((fn(xq, rounded) - ref_full).square().mean())
+            test = slice(n_train, n_items) if held else slice(0, n_items)
+            ref_test = fn(x[test], w)
+            mse_near = float((fn(xq[test], ((nearest_codes - z) * s).float()) - ref_test).square().mean())
+            mse_ada = float((fn(xq[test], rounded) - ref_test).square().mean())
         kept = ok and mse_ada < mse_near
         flipped = int((codes != nearest_codes).sum())
         if kept:
