@@ -36,7 +36,7 @@ def _codes(qgraph, op: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_adaround_lowers_layer_mse_and_moves_weights_one_step_at_most():
     model = cnn_model()
     calib = [cnn_inputs(8, s) for s in range(4)]
-    ada = AdaRoundPass(iterations=60, seed=3, asymmetric=False)  # the MSE is recomputed below from FP32 inputs
+    ada = AdaRoundPass(iterations=60, seed=3)
     q = netquant.quantize_onnx(model, calib, "academic_int8", passes=[ada], objective=None, per_channel=False,
                                quiet=True, bias_correction=True)
     assert q.qgraph.bias_corrections  # bias correction runs after AdaRound, on the learned codes' error

@@ -9,9 +9,9 @@ one of the choices). Relaxed:
     W~(V)  = s * (clamp(floor(W / s + z) + h(V), qmin, qmax) - z)
     loss   = |op(q(x), W~(V)) - op(x, W)|^2 / |op(x, W)|^2 + lam * mean(1 - |2 h(V) - 1|^beta)
 
-x: the op's input in the FP32 model on calibration batches (captured through the executor), q(x) what the
-fake-quantized model feeds it (layers before it with their learned codes; asymmetric=False: x through the op's
-own input quantizer); the relative error makes lam scale-free; V starts where h(V) is W / s's fractional part; beta
+x: the op's input in the FP32 model on calibration batches (captured through the executor), q(x) x through the
+op's own input quantizer (asymmetric=True: what the fake-quantized model feeds it, layers before it with their
+learned codes); the relative error makes lam scale-free; V starts where h(V) is W / s's fractional part; beta
 anneals linearly from 20 to 2 after a warm-up
 (`warmup` of the iterations without the regularizer); Adam on V, torch autograd on CPU, minibatches drawn with
 a seeded generator (same seed, same codes). The final codes are floor + (V >= 0); a weight with a pair limit
@@ -148,7 +148,7 @@ class AdaRoundPass(PassBase):
     max_batches: int = 8
     ops: tuple[str, ...] | None = None
     seed: int = 0
-    asymmetric: bool = True
+    asymmetric: bool = False
     crop_pixels: int = 32
     results: list[LayerResult] = field(default_factory=list, repr=False)
 
