@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
@@ -36,7 +37,7 @@ def _codes(qgraph, op: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
 def test_adaround_lowers_layer_mse_and_moves_weights_one_step_at_most():
     model = cnn_model()
     calib = [cnn_inputs(8, s) for s in range(4)]
-    ada = AdaRoundPass(iterations=60, seed=3)
+    ada = AdaRoundPass(iterations=60, seed=3, guard=False)  # the layers themselves (the guard: a model-level check)
     q = netquant.quantize_onnx(model, calib, "academic_int8", passes=[ada], objective=None, per_channel=False,
                                quiet=True, bias_correction=True)
     assert q.qgraph.bias_corrections  # bias correction runs after AdaRound, on the learned codes' error
@@ -90,7 +91,7 @@ def test_adaround_keeps_the_pair_limit_and_is_deterministic(tmp_path):
     calib = [np.random.default_rng(s).uniform(0, 2, (32, 64)).astype(np.float32) for s in range(4)]
     files = []
     for i in range(2):
-        ada = AdaRoundPass(iterations=100)
+        ada = AdaRoundPass(iterations=100, guard=False)
         q = netquant.quantize_onnx(model, calib, "onnxruntime_int8", passes=[ada], objective=None, quiet=True,
                                    target="any")
         cfg = q.qgraph.op_configs["fc"].weight_config()
@@ -109,3 +110,23 @@ def test_adaround_keeps_the_pair_limit_and_is_deterministic(tmp_path):
     ints = [numpy_helper.to_array(t) for t in exported.graph.initializer if numpy_helper.to_array(t).dtype == np.int8
             and numpy_helper.to_array(t).size == 32 * 64]
     assert ints and count_overflow_pairs(torch.from_numpy(ints[0].astype(np.int32)), limit.layout) == 0
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_the_guard_keeps_codes_only_where_the_model_error_drops(tmp_path, bias_correction):
+    """The guard compares the model's output error on the held-out calibration batch with the learned codes and
+    with nearest rounding; reverted, the file is the plain run's byte for byte."""
+    model = cnn_model()
+    calib = [cnn_inputs(8, s) for s in range(4)]
+    ada = AdaRoundPass(iterations=60, seed=3)
+    kw = dict(objective=None, per_channel=False, quiet=True, bias_correction=bias_correction)
+    q = netquant.quantize_onnx(model, calib, "academic_int8", passes=[ada], **kw)
+    guard = q.qgraph.repairs[-1].as_dict()
+    assert any(r.kept for r in ada.results) and ada.guard_kept is not None
+    assert ada.guard_kept == (guard["guard_error_learned"] < guard["guard_error_nearest"]) == bool(guard["kept"])
+    assert bool(q.qgraph.rounded_weights) == ada.guard_kept
+    plain = netquant.quantize_onnx(model, calib, "academic_int8", **kw)
+    q.export(tmp_path / "a.onnx")
+    plain.export(tmp_path / "p.onnx")
+    same = (tmp_path / "a.onnx").read_bytes() == (tmp_path / "p.onnx").read_bytes()
+    assert same != ada.guard_kept

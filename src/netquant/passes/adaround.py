@@ -17,7 +17,8 @@ anneals linearly from 20 to 2 after a warm-up
 a seeded generator (same seed, same codes). The final codes are floor + (V >= 0); a weight with a pair limit
 (x86 without VNNI: same-sign pairs |q0| + |q1| <= 128) takes nearest rounding's codes (which keep the limit:
 core.int_kernels.limit_pair_sums) in every pair the learned codes would put over it. A layer keeps the learned codes only where they lower
-its output MSE below nearest rounding's on the last quarter of its captured inputs, which it never trained on.
+its output MSE below nearest rounding's on the last quarter of its captured inputs, which it never trained on;
+and (guard) the whole model keeps them only if its output error on a held-out calibration batch drops.
 
 Runs after bias quantization (Stage.WEIGHTS), before bias correction (which then corrects the mean shift of the
 learned codes). The graph holds the rounded weights (codes x scale) while the op's weights are quantized with
@@ -150,6 +151,8 @@ class AdaRoundPass(PassBase):
     seed: int = 0
     asymmetric: bool = False
     crop_pixels: int = 32
+    guard: bool = True
+    guard_kept: bool | None = None
     results: list[LayerResult] = field(default_factory=list, repr=False)
 
     name: ClassVar[str] = "adaround"
@@ -197,11 +200,13 @@ class AdaRoundPass(PassBase):
     def run(self, ctx: PassContext) -> None:
         qgraph = ctx.quantized
         assert ctx.calib_data is not None
-        self.results = []
+        self.results, self.guard_kept = [], None
         targets = self._targets(qgraph)
         if not targets:
             return
-        batches = list(itertools.islice(ctx.calib_data, self.max_batches))
+        batches = list(itertools.islice(ctx.calib_data, self.max_batches + 1))
+        check = batches[-1:] if self.guard and len(batches) > 1 else []  # never trained on
+        batches = batches[:-1] if check else batches[: self.max_batches]
         budget = 1 << 26  # activation elements captured per FP32 run (a group of layers at a time)
         group: list[_Target] = []
         progress = iter(ctx.track(range(len(targets)), "adaround", len(targets)))
@@ -221,6 +226,37 @@ class AdaRoundPass(PassBase):
                 next(progress, None)
         for _ in progress:
             pass
+        if check:
+            self._guard(ctx, qgraph, check)
+
+    def _guard(self, ctx: PassContext, qgraph: QuantizedGraph, check: list[dict[str, torch.Tensor]]) -> None:
+        """Drop every learned code of this run if the fake-quantized model's output error (vs FP32, on a calibration
+        batch no layer trained on) is not lower with them than with nearest rounding."""
+        mine = {k: rw for k, rw in qgraph.rounded_weights.items()
+                if any(r.op == rw.op and r.kept for r in self.results)}
+        if not mine:
+            return
+
+        def error() -> float:
+            total = 0.0
+            for batch in check:
+                ref = qgraph.run(batch, fake_quant=False)
+                out = qgraph.run(batch)
+                total += sum(float((out[k].double() - v.double()).square().sum() / v.double().square().sum()
+                                   .clamp_min(1e-30)) for k, v in ref.items() if v.is_floating_point())
+            return total
+
+        with_codes = error()
+        for k, rw in mine.items():
+            del qgraph.rounded_weights[k]
+            qgraph.graph.initializers[k] = rw.original
+        without = error()
+        kept = with_codes < without
+        if kept:
+            qgraph.rounded_weights.update(mine)
+        ctx.repairs.append(RepairRecord(self.name, tuple(rw.op for rw in mine.values()), (
+            ("guard_error_learned", with_codes), ("guard_error_nearest", without), ("kept", int(kept)))))
+        self.guard_kept = kept
 
     def _estimate(self, qgraph: QuantizedGraph, t: _Target, batches: list[dict[str, torch.Tensor]]) -> int:
         w = qgraph.graph.initializers[t.oc.op.inputs[t.weight_index]]
