@@ -12,6 +12,7 @@ Writes benchmarks/results/repair_ocr_<platform>.md and prints it.
 from __future__ import annotations
 
 import argparse
+import os
 import platform as host
 import tempfile
 import time
@@ -65,6 +66,17 @@ def variants(ada_iters: int, w4: bool) -> list[tuple[str, list]]:
     ]
 
 
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo (else platform.machine())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return host.machine()
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = a.reshape(len(a), -1).astype(np.float64), b.reshape(len(b), -1).astype(np.float64)
     return float(np.mean((a * b).sum(1) / (np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1))))
@@ -95,7 +107,8 @@ def main() -> None:
     }
     dictionary = zoo.ppocr_rec_dictionary()
     lines = [f"# Repair passes on PP-OCRv4 ({args.platform}, all INT8, objective=None)", "",
-             f"CPU: {host.processor() or host.machine()} ({threads} cores, shared with other jobs); "
+             f"CPU: {cpu_name()} ({os.cpu_count()} cores, shared with other jobs; torch and onnxruntime on "
+             f"{threads} thread); "
              f"calibration {args.calib} lines, evaluation {args.eval} other lines; accuracy and cosine from the "
              "exported QDQ file in onnxruntime; cosine = mean per-sample cosine of the model output vs the FP32 "
              "model's. FP32 column: the FP32 graph after the pass (exact passes keep the model's accuracy).", "",
