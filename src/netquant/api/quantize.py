@@ -132,8 +132,11 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
                   threads: int | str | None = None, **settings: Any) -> QuantizedModel:
     """Quantize an ONNX model for `platform` after calibrating on `calib_data`.
 
-    passes: your own netquant.passes.PassBase instances, added to the default passes: they run in order
-    after bias quantization and before the final deployability check (so they see calibrated params).
+    passes: your own netquant.passes.PassBase instances, added to the default passes where each one's `stage` says
+    (netquant.passes.Stage; in order within a stage): QUANTIZED (default) after bias quantization and correction,
+    before the final deployability check (so they see calibrated params); GRAPH before configs are built (graph
+    rewrites such as passes.smoothquant.SmoothQuantPass, passes.equalization.EqualizationPass); WEIGHTS once weight
+    scales are final, before bias correction (passes.adaround.AdaRoundPass).
     calib_data: batches (arrays, dicts of arrays, an iterable of them), or a path: a folder of images, .npy / .npz
     file(s), or 'random' (a smoke test), read with the CLI's options as keywords: height, width, mean, std,
     channel_order ('rgb' | 'bgr'), layout ('nchw' | 'nhwc'), keep_aspect, num_calib, seed.

@@ -31,7 +31,8 @@ def _ints(t: torch.Tensor) -> int | list[int]:
 
 
 def quant_params(qmodel: Exportable) -> dict[str, Any]:
-    """Every config of every op: tensor, place, state, spec, scale, zero point and real range."""
+    """Every config of every op: tensor, place, state, spec, scale, zero point and real range; and the repair
+    passes' records (`repairs`), when any ran."""
     qgraph = unwrap(qmodel)
     records = []
     for slot in iter_slots(qgraph):
@@ -65,13 +66,17 @@ def quant_params(qmodel: Exportable) -> dict[str, Any]:
                 lo, hi = (spec.qmin - zp.float()) * scale, (spec.qmax - zp.float()) * scale
             rec["range"] = [_floats(lo), _floats(hi)]
         records.append(rec)
-    return {
+    out: dict[str, Any] = {
         "format": "netquant-quant-params/1",
         "model": qgraph.graph.name,
         "platform": qgraph.platform.name,
         "opset": qgraph.graph.opset,
         "configs": records,
     }
+    repairs = getattr(qgraph, "repairs", None)
+    if repairs:  # what the repair passes (SmoothQuant, equalization, AdaRound) changed, in run order
+        out["repairs"] = [r.as_dict() for r in repairs]
+    return out
 
 
 def export_quant_params_json(qmodel: Exportable, path: str | os.PathLike[str],

@@ -2,10 +2,10 @@
 
 Every pass is a `PassBase` subclass declaring what it `requires` and `ensures` (`Condition`s the
 `PassManager` checks around it); `default_passes` is the PTQ pipeline, `quantize_onnx(passes=[...])`
-adds your own before the final deployability check.
+adds your own where each one's `Stage` says (repairs: passes.smoothquant, passes.equalization, passes.adaround).
 """
 
-from netquant.passes.base import Condition, PassBase, PassConditionError, PassContext
+from netquant.passes.base import Condition, PassBase, PassConditionError, PassContext, Stage
 from netquant.passes.manager import PassManager
 from netquant.passes.overrides import OpSelector, Override
 from netquant.passes.progress import ProgressReporter, RichProgress
@@ -15,4 +15,4 @@ from netquant.passes.settings import QuantSettings
 
 __all__ = ["CalibrationCounts", "CleanupCounts", "Condition", "OpQuantConfig", "OpSelector", "Override",
            "PassBase", "PassConditionError", "PassContext", "PassManager", "ProgressReporter", "QuantSettings",
-           "QuantizedGraph", "Quantizer", "QuantizerWarning", "RichProgress", "build_quant_graph"]
+           "QuantizedGraph", "Quantizer", "QuantizerWarning", "RichProgress", "Stage", "build_quant_graph"]

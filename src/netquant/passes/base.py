@@ -16,10 +16,23 @@ from netquant.graph import Graph
 from netquant.graph.op_config import TensorRole
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.progress import ProgressReporter
-from netquant.passes.quant_graph import CleanupCounts, QuantizedGraph
+from netquant.passes.quant_graph import CleanupCounts, QuantizedGraph, RepairRecord
 from netquant.passes.settings import QuantSettings
 
 T = TypeVar("T")
+
+
+class Stage(enum.Enum):
+    """Where a user pass (`quantize_onnx(passes=...)`) runs in the PTQ pipeline (passes.ptq.default_passes).
+
+    GRAPH: rewrites the FP32 graph (exactly) before configs are built and weights and activations calibrated,
+    after clean-up and the data check (equalization, SmoothQuant); WEIGHTS: after bias quantization, when every
+    weight scale is final, before bias correction (AdaRound); QUANTIZED (default): after bias correction, before
+    the deployability check."""
+
+    GRAPH = "graph"
+    WEIGHTS = "weights"
+    QUANTIZED = "quantized"
 
 
 class PassConditionError(ConfigError):
@@ -37,6 +50,7 @@ class PassContext:
     progress: ProgressReporter = field(default_factory=ProgressReporter)
     timings: dict[str, float] = field(default_factory=dict)  # pass name -> wall seconds
     cleanup: CleanupCounts = field(default_factory=CleanupCounts)  # what the clean-up pass did
+    repairs: list[RepairRecord] = field(default_factory=list)  # what the repair passes changed (in run order)
 
     @property
     def quantized(self) -> QuantizedGraph:
@@ -129,10 +143,11 @@ class PassBase(ABC):
     """One step of a pass run: `run` edits the context; `requires` must hold before, `ensures` after.
 
     Subclasses set the class attributes `name` (unique in a run: it keys the timings), `requires` and
-    `ensures`, and implement `run`.
+    `ensures` (and `stage`, where a user pass runs: Stage), and implement `run`.
     """
 
     name: ClassVar[str]
+    stage: ClassVar[Stage] = Stage.QUANTIZED
     requires: ClassVar[frozenset[Condition]] = frozenset()
     ensures: ClassVar[frozenset[Condition]] = frozenset()
 

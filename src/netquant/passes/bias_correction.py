@@ -118,13 +118,15 @@ def correct_biases(qgraph: QuantizedGraph, batches: list[dict[str, torch.Tensor]
     kernels = {}
     for t in targets:
         node = t.oc.op
-        w = graph.initializers[node.inputs[t.weight_index]].float()
-        w_q = fake_quant(w, t.oc.inputs[t.weight_index])
+        held = graph.initializers[node.inputs[t.weight_index]].float()
+        rounded = qgraph.rounded_weights.get(node.inputs[t.weight_index])
+        w = rounded.original.float() if rounded is not None else held  # AdaRound: the error of its codes
+        w_q = fake_quant(held, t.oc.inputs[t.weight_index])
         fn = lookup_op(node.op_type, "", opset, node.name)
         ctx = OpContext(op_type=node.op_type, name=node.name, domain="", opset=opset, num_outputs=1)
         kernels[node.name] = (fn, ctx, w_q, w_q - w)
     keep = sorted({t.oc.op.inputs[0] for t in targets})
-    ex = Executor(graph)
+    ex = qgraph.executor(fake_quant=False) if qgraph.rounded_weights else Executor(graph)  # the FP32 model's inputs
     sums: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         for batch in batches:

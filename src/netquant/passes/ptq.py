@@ -8,7 +8,7 @@ from typing import Any
 
 from netquant.graph import Graph
 from netquant.passes.alignment import AlignmentPass
-from netquant.passes.base import PassBase, PassContext
+from netquant.passes.base import PassBase, PassContext, Stage
 from netquant.passes.bias import BiasPass
 from netquant.passes.bias_correction import BiasCorrectionPass
 from netquant.passes.build_configs import BuildConfigsPass
@@ -25,18 +25,25 @@ from netquant.passes.settings import QuantSettings
 
 
 def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[PassBase] = ()) -> list[PassBase]:
-    """The default PTQ passes; `extra` passes run after bias quantization and correction, before the final deployability
-    check."""
+    """The default PTQ passes; each `extra` pass runs where its `stage` says (Stage; in the given order within a
+    stage): GRAPH after the data check, before configs are built; WEIGHTS after bias quantization, before bias
+    correction; QUANTIZED after bias correction, before the final deployability check."""
+
+    def staged(stage: Stage) -> list[PassBase]:
+        return [p for p in extra if getattr(p, "stage", Stage.QUANTIZED) is stage]
+
     return [
         CleanupPass(settings.fold_constants, settings.fold_batchnorm, settings.simplify),
         CheckDataPass(calib_data),
+        *staged(Stage.GRAPH),
         BuildConfigsPass(),
         CalibrationPass(),
         AlignmentPass(),
         BiasPass(),
+        *staged(Stage.WEIGHTS),
         BiasCorrectionPass(),
         EmbeddingPass(),
-        *extra,
+        *staged(Stage.QUANTIZED),
         DeployabilityCheck(),
     ]
 
@@ -60,6 +67,7 @@ def run_ptq(graph: Graph, calib_data: Any, settings: QuantSettings, extra_passes
     PassManager(default_passes(settings, calib_data, extra_passes)).run(ctx)
     qgraph = ctx.quantized
     qgraph.cleanup = ctx.cleanup
+    qgraph.repairs = list(ctx.repairs)
     qgraph.timings = dict(ctx.timings)
     return PTQRun(qgraph, ctx.timings, ctx.calib_data)
 

@@ -64,6 +64,39 @@ class BiasCorrection:
     corrected: torch.Tensor  # the value the graph holds while the op's weights are quantized
 
 
+@dataclass(frozen=True)
+class RoundedWeight:
+    """A weight re-rounded by a repair pass (passes.adaround): `rounded` holds the chosen integer codes times the
+    scale of `config` (so quantizing it with that config gives those codes back). The graph holds `rounded` while
+    op `op` quantizes its weight with `config` and `original` otherwise (FP32 runs, regions kept float or widened)."""
+
+    op: str
+    input_index: int
+    config: TensorQuantConfig
+    original: torch.Tensor
+    rounded: torch.Tensor
+
+    def active(self, qgraph: QuantizedGraph) -> bool:
+        """True while the op quantizes this weight with `config` (the one the codes were chosen for)."""
+        oc = qgraph.op_configs.get(self.op)
+        cfg = oc.inputs[self.input_index] if oc is not None and self.input_index < len(oc.inputs) else None
+        return cfg is not None and cfg.root is self.config.root and emits(cfg)
+
+
+@dataclass(frozen=True)
+class RepairRecord:
+    """What one repair pass changed at one place (passes.smoothquant, passes.equalization, passes.adaround):
+    `repair` the pass name, `ops` the ops whose weights (or norm parameters) changed, `values` its numbers
+    (strength, error before / after, ...). Written to the quant-params JSON."""
+
+    repair: str
+    ops: tuple[str, ...]
+    values: tuple[tuple[str, float | int | str], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"repair": self.repair, "ops": list(self.ops), **dict(self.values)}
+
+
 _CODES: weakref.WeakKeyDictionary[TensorQuantConfig, tuple[Any, ...]] = weakref.WeakKeyDictionary()
 
 
@@ -130,6 +163,9 @@ class QuantizedGraph:
         self.bias_scale_adjustments: list[BiasScaleAdjustment] = []  # bias pass: weight scales enlarged
         # bias correction pass: bias tensor -> its FP32 value (the graph holds the corrected one; FP32 runs restore it)
         self.bias_corrections: dict[str, BiasCorrection] = {}
+        # AdaRound: weight tensor -> its re-rounded value (the graph holds it while its op's weights are quantized)
+        self.rounded_weights: dict[str, RoundedWeight] = {}
+        self.repairs: list[RepairRecord] = []  # repair passes (pass manager context): what each changed
         self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
         # placement: MatMul ops whose activation input is quantized at run time in the export (export.dynamic;
         # the executor's fake quantization keeps their calibrated static params)
@@ -143,6 +179,10 @@ class QuantizedGraph:
         for name, bc in self.bias_corrections.items():
             oc = self.op_configs.get(bc.op)
             value = bc.corrected if oc is not None and emits(oc.weight_config()) else bc.original
+            if self._graph.initializers.get(name) is not value:
+                self._graph.initializers[name] = value
+        for name, rw in self.rounded_weights.items():
+            value = rw.rounded if rw.active(self) else rw.original
             if self._graph.initializers.get(name) is not value:
                 self._graph.initializers[name] = value
         return self._graph
@@ -180,7 +220,7 @@ class QuantizedGraph:
         ex = Executor(self.graph, device=device)
         if fake_quant:
             self.attach_fake_quant(ex, accumulation)
-        elif self.bias_corrections:  # the FP32 model: its own biases, not the corrected ones
+        elif self.bias_corrections or self.rounded_weights:  # the FP32 model: its own biases and weights
             hooks = FakeQuantHooks(self)
             hooks.plan(on=False)
             hooks.handles = [ex.add_pre_hook(hooks.pre)]
@@ -230,6 +270,9 @@ class FakeQuantHooks:
             oc = self.qgraph.op_configs.get(bc.op)
             corrected = on and oc is not None and emits(oc.weight_config())
             self._restore.setdefault(bc.consumer, []).append((bc.input_index, bc.corrected if corrected else bc.original))
+        for rw in self.qgraph.rounded_weights.values():
+            rounded = on and rw.active(self.qgraph)
+            self._restore.setdefault(rw.op, []).append((rw.input_index, rw.rounded if rounded else rw.original))
         if not on:
             return
         for name, oc in self.qgraph.op_configs.items():

@@ -1,0 +1,104 @@
+"""Cross-layer equalization and high-bias absorption (passes.equalization): exact in FP32 (netquant's executor and
+onnxruntime) on chains with depthwise convs, Relu / PRelu, residual joins and MatMul chains; equal ranges after."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import netquant
+from netquant.graph import load_onnx, to_onnx
+from netquant.graph.executor import Executor
+from netquant.passes.base import PassContext
+from netquant.passes.check_data import CheckDataPass
+from netquant.passes.equalization import ClipMode, EqualizationPass, find_pairs
+from netquant.passes.manager import PassManager
+from netquant.passes.rescale import in_channel_absmax, out_channel_absmax
+from netquant.passes.settings import QuantSettings
+from tests.helpers.repair_models import cnn_inputs, cnn_model, transformer_inputs, transformer_model
+
+
+def equalized(model, calib, cle: EqualizationPass):
+    graph = load_onnx(model)
+    ctx = PassContext(settings=QuantSettings.from_kwargs("onnxruntime_int8", {"quiet": True}), graph=graph)
+    PassManager([CheckDataPass(calib), cle]).run(ctx)
+    return graph, ctx
+
+
+def ort_run(model, x: np.ndarray) -> list[np.ndarray]:
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})
+
+
+def rel(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+@pytest.mark.parametrize("case", ["cnn", "transformer"])
+def test_equalization_is_exact_and_equalizes_ranges(case):
+    model, make = (cnn_model(), cnn_inputs) if case == "cnn" else (transformer_model(), transformer_inputs)
+    calib = [make(8, s) for s in range(3)]
+    x = make(16, 77)
+    cle = EqualizationPass(absorb_bias=False)
+    graph, ctx = equalized(model, calib, cle)
+    pairs = {(r.first, r.seconds) for r in cle.results}
+    if case == "cnn":  # conv -> depthwise -> conv, Gemm chain; not conv1 of the residual join's other branch
+        assert pairs == {("conv1", ("dw",)), ("dw", ("pw",)), ("fc1", ("fc2",))}
+        assert all(r.spread_after < r.spread_before / 3 for r in cle.results if r.first != "fc1")
+    else:  # MatMul -> Add(bias) -> Relu -> MatMul
+        assert pairs == {("mm_q", ("mm_o",))}
+    assert len(ctx.repairs) == len(pairs)
+    ref = ort_run(model, x)
+    ours = Executor(graph).run({"x": torch.from_numpy(x)})
+    theirs = ort_run(to_onnx(graph), x)
+    for out, r, t in zip(model.graph.output, ref, theirs):
+        assert rel(ours[out.name].numpy(), r) <= 1e-5
+        assert rel(t, r) <= 1e-5
+    # each pair's per-channel ranges meet: max|W1[c]| = max|W2[:, c]| (the chain's shared depthwise to 1%)
+    for p in find_pairs(graph):
+        r1 = out_channel_absmax(p.first, graph.initializers[p.first.weight])
+        r2 = in_channel_absmax(p.seconds[0], graph.initializers[p.seconds[0].weight])
+        np.testing.assert_allclose(r1.numpy(), r2.numpy(), rtol=1e-2)
+
+
+def test_high_bias_absorption_is_exact_on_the_calibration_data_and_shrinks_ranges():
+    model = cnn_model()
+    calib = [cnn_inputs(8, s) for s in range(3)]
+    plain, _ = equalized(model, calib, EqualizationPass(absorb_bias=False))
+    cle = EqualizationPass(absorb_bias=True)
+    graph, _ = equalized(model, calib, cle)
+    assert sum(r.absorbed for r in cle.results) >= 1
+    x = np.concatenate(calib)
+    ref = ort_run(model, x)[0]
+    assert rel(Executor(graph).run({"x": torch.from_numpy(x)})["y"].numpy(), ref) <= 1e-5
+    assert rel(ort_run(to_onnx(graph), x)[0], ref) <= 1e-5
+    # the Relu outputs the absorbing pairs read now start lower: max over channels of the minimum pre-activation
+    absorbed = [r for r in cle.results if r.absorbed]
+    for r in absorbed:
+        pre = graph.node(r.first).outputs[0]
+        lo_before = Executor(plain).run({"x": torch.from_numpy(x)}, outputs=[pre])[pre]
+        lo_after = Executor(graph).run({"x": torch.from_numpy(x)}, outputs=[pre])[pre]
+        axis = 1 if lo_before.dim() == 4 else -1
+        mins_b = lo_before.movedim(axis, -1).reshape(-1, lo_before.shape[axis]).amin(0)
+        mins_a = lo_after.movedim(axis, -1).reshape(-1, lo_after.shape[axis]).amin(0)
+        assert float(mins_a.max()) < float(mins_b.max())
+
+
+def test_relu6_pairs_are_skipped_unless_asked():
+    model = cnn_model(relu6=True)
+    graph = load_onnx(model)
+    assert {(p.first.node.name, p.seconds[0].node.name) for p in find_pairs(graph)} == {("fc1", "fc2")}
+    assert len(find_pairs(graph, ClipMode.RELU)) == 3
+
+
+def test_equalization_through_quantize_onnx_is_deterministic(tmp_path):
+    model = cnn_model()
+    calib = [cnn_inputs(8, s) for s in range(3)]
+    for i in range(2):
+        q = netquant.quantize_onnx(model, calib, "onnxruntime_int8", passes=[EqualizationPass()], objective=None,
+                                   quiet=True)
+        q.export(tmp_path / f"m{i}.onnx")
+        assert [r.repair for r in q.qgraph.repairs] == ["equalization"] * 3
+    assert (tmp_path / "m0.onnx").read_bytes() == (tmp_path / "m1.onnx").read_bytes()
