@@ -4,6 +4,7 @@ twice, the FP32 model unchanged, every pass recorded in order; and under placeme
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -34,7 +35,7 @@ def test_the_chain_is_deterministic_and_exact_in_fp32(tmp_path):
         fp32 = q.run({"x": x}, fake_quant=False)["y"].numpy()
         assert float(np.abs(fp32 - ref).max() / np.abs(ref).max()) <= 1e-5
     assert (tmp_path / "m0.onnx").read_bytes() == (tmp_path / "m1.onnx").read_bytes()
-    assert (tmp_path / "p0.json").read_bytes() == (tmp_path / "p1.json").read_bytes()
+    assert _params(tmp_path / "p0.json") == _params(tmp_path / "p1.json")
     assert json.loads((tmp_path / "p0.json").read_text())["repairs"][0]["repair"] == "equalization"
 
 
@@ -47,3 +48,10 @@ def test_the_chain_under_placement():
     out = q.run({"x": x})["y"].numpy()
     assert float(np.linalg.norm(out - ref) / np.linalg.norm(ref)) < 0.1
     assert q.qgraph.repairs
+
+
+def _params(path: Path) -> dict:
+    """The quant-params JSON without its engine measurements (vs_fp32 holds timings, which vary run to run)."""
+    data = json.loads(path.read_text())
+    data.pop("vs_fp32", None)
+    return data
