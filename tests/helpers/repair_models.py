@@ -114,3 +114,31 @@ def cnn_model(c: int = 8, seed: int = 0, relu6: bool = False) -> onnx.ModelProto
 
 def cnn_inputs(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).normal(0, 1, (n, 3, 12, 12)).astype(np.float32)
+
+
+def run_passes_alone(model, calib, repair):
+    """The FP32 graph after the data check and `repair` alone, and the run context."""
+    from netquant.graph.load import load_onnx
+    from netquant.passes.base import PassContext
+    from netquant.passes.check_data import CheckDataPass
+    from netquant.passes.manager import PassManager
+    from netquant.passes.settings import QuantSettings
+
+    graph = load_onnx(model)
+    ctx = PassContext(settings=QuantSettings.from_kwargs("onnxruntime_int8", {"quiet": True}), graph=graph)
+    PassManager([CheckDataPass(calib), repair]).run(ctx)
+    return graph, ctx
+
+
+def ort_run(model, x):
+    """The model's outputs in onnxruntime for input x."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {"x": x})
+
+
+def rel(a, b) -> float:
+    """max |a - b| / max |b|."""
+    return float(abs(a - b).max() / abs(b).max())
+

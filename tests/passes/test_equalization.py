@@ -4,36 +4,25 @@ onnxruntime) on chains with depthwise convs, Relu / PRelu, residual joins and Ma
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 
 import netquant
 from netquant.graph import load_onnx, to_onnx
 from netquant.graph.executor import Executor
-from netquant.passes.base import PassContext
-from netquant.passes.check_data import CheckDataPass
 from netquant.passes.equalization import ClipMode, EqualizationPass, find_pairs
-from netquant.passes.manager import PassManager
 from netquant.passes.rescale import in_channel_absmax, out_channel_absmax
-from netquant.passes.settings import QuantSettings
-from tests.helpers.repair_models import cnn_inputs, cnn_model, transformer_inputs, transformer_model
+from tests.helpers.repair_models import (
+    cnn_inputs,
+    cnn_model,
+    ort_run,
+    rel,
+    run_passes_alone,
+    transformer_inputs,
+    transformer_model,
+)
 
-
-def equalized(model, calib, cle: EqualizationPass):
-    graph = load_onnx(model)
-    ctx = PassContext(settings=QuantSettings.from_kwargs("onnxruntime_int8", {"quiet": True}), graph=graph)
-    PassManager([CheckDataPass(calib), cle]).run(ctx)
-    return graph, ctx
-
-
-def ort_run(model, x: np.ndarray) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
+equalized = run_passes_alone
 
 
 @pytest.mark.parametrize("case", ["cnn", "transformer"])

@@ -7,37 +7,25 @@ import json
 from pathlib import Path
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import numpy_helper
 
 import netquant
-from netquant.graph import load_onnx, to_onnx
+from netquant.graph import to_onnx
 from netquant.graph.executor import Executor
-from netquant.passes.base import PassContext
-from netquant.passes.check_data import CheckDataPass
-from netquant.passes.manager import PassManager
-from netquant.passes.settings import QuantSettings
 from netquant.passes.smoothquant import SmoothQuantPass
-from tests.helpers.repair_models import cnn_inputs, cnn_model, transformer_inputs, transformer_model
+from tests.helpers.repair_models import (
+    cnn_inputs,
+    cnn_model,
+    ort_run,
+    rel,
+    run_passes_alone,
+    transformer_inputs,
+    transformer_model,
+)
 
-
-def smoothed(model, calib, sq: SmoothQuantPass):
-    """The FP32 graph after the pass alone (data check, then SmoothQuant) and the run context."""
-    graph = load_onnx(model)
-    ctx = PassContext(settings=QuantSettings.from_kwargs("onnxruntime_int8", {"quiet": True}), graph=graph)
-    PassManager([CheckDataPass(calib), sq]).run(ctx)
-    return graph, ctx
-
-
-def ort_run(model, x: np.ndarray) -> list[np.ndarray]:
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, {"x": x})
-
-
-def rel(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.abs(a - b).max() / np.abs(b).max())
+smoothed = run_passes_alone
 
 
 @pytest.mark.parametrize("case", ["transformer", "cnn"])

@@ -118,10 +118,7 @@ def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
     graph = model.graph
     report = FoldReport()
     inits = {t.name: t for t in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     taken = set(inits) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
     dropped_q: list[onnx.NodeProto] = []
@@ -193,10 +190,7 @@ def reorient_blocked_weights(model: onnx.ModelProto) -> int:
     Returns how many weights were rewritten."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
+    consumers = _consumers(graph)
     outputs = {o.name for o in graph.output}
     taken = set(inits) | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
     done = 0
@@ -264,3 +258,13 @@ def _same_dq(user: onnx.NodeProto, q: onnx.NodeProto, axis: int, block: int) -> 
 
 __all__ = ["FoldReport", "fold_weight_qdq", "integer_tensor", "quantize_linear", "quantize_linear_fp8",
            "reorient_blocked_weights"]
+
+
+def _consumers(graph: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    """Value name -> the nodes of `graph` that read it."""
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    return consumers
+
