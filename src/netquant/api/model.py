@@ -24,7 +24,7 @@ from netquant.analysis import (
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind, companions, writer
-from netquant.outputs import OutputPlan, model_files
+from netquant.outputs import OutputPlan, absolute, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.quant_graph import QuantizedGraph
 
@@ -36,9 +36,14 @@ class QuantizedModel:
     """A calibrated model: run it (fake-quant), evaluate it, export it, report per-layer error."""
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
-                 calib_data: CalibrationData | None = None, placement: Placement | None = None) -> None:
+                 calib_data: CalibrationData | None = None, placement: Placement | None = None,
+                 inputs: Sequence[str | Path] | None = None) -> None:
         self.qgraph = qgraph
         self.source = source
+        if inputs is None:  # the source model file and its external data, when `source` is a file
+            inputs = model_files(source) if source and Path(source).is_file() else ()
+        # every file the run read, absolute now: export refuses to write any of them, even after os.chdir
+        self.input_files: tuple[Path, ...] = tuple(dict.fromkeys(absolute(p) for p in inputs))
         self.timings = dict(timings or {})
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
@@ -173,19 +178,30 @@ class QuantizedModel:
         return errors
 
     # ---- export ----------------------------------------------------------------------------
-    def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
+    def export(self, path: str | Path, format: ExportKind | str | None = None, *, overwrite: bool = False,
+               **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
-        TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
-        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords."""
-        try:
-            fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
-        except ValueError:
-            raise ConfigError(f"unknown export format '{format}'; choose one of "
-                              f"{', '.join(f.value for f in ExportKind)}") from None
-        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .onnx ONNX QDQ, .xml
+        OpenVINO IR, .tflite TFLite, .param ncnn, .json, .cache; another suffix needs `format`); companion files
+        (.bin, .table) go beside it unless given as keywords. ExportError before writing when a path is one of the
+        files the quantization read (input_files), or a companion nobody named exists (unless overwrite=True)."""
+        if format is None:
+            fmt = ExportKind.for_path(path)
+        else:
+            try:
+                fmt = ExportKind(format)
+            except ValueError:
+                raise ConfigError(f"unknown export format '{format}'; choose one of "
+                                  f"{', '.join(f.value for f in ExportKind)}") from None
+        path = absolute(path)
+        for c in companions(fmt):
+            if kwargs.get(c.keyword) is not None:
+                kwargs[c.keyword] = absolute(kwargs[c.keyword])
         planned = [("export path", path, f"{fmt.value} file")]
-        planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
-        OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
+        planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what, kwargs.get(c.keyword) is not None)
+                    for c in companions(fmt)]
+        OutputPlan.create(planned, inputs=self.input_files, error=ExportError, overwrite=overwrite,
+                          overwrite_hint="overwrite=True")
         return writer(fmt)(self.qgraph, path, **kwargs)
 
     def __repr__(self) -> str:

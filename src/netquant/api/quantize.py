@@ -15,9 +15,11 @@ import onnx
 import torch
 
 from netquant.api.model import QuantizedModel
+from netquant.data.calib import calibration_files
 from netquant.errors import ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
+from netquant.outputs import absolute, model_files
 from netquant.passes.base import PassBase
 from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
@@ -124,7 +126,18 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
-    return QuantizedModel(run.qgraph, source, timings, kept, placement)
+    return QuantizedModel(run.qgraph, source, timings, kept, placement, _read_files(model, calib_data, s))
+
+
+def _read_files(model: Any, calib_data: Any, s: QuantSettings) -> list[Path]:
+    """The files this run read (absolute: the user may chdir before exporting): the model and its external
+    data, a calibration file or folder given by path, the placement file."""
+    files = model_files(model) if isinstance(model, (str, os.PathLike)) else []
+    if isinstance(calib_data, (str, os.PathLike)):
+        files += calibration_files(calib_data)
+    if s.placement_from is not None:
+        files.append(Path(s.placement_from))
+    return [absolute(f) for f in files]
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,

@@ -17,6 +17,7 @@ from netquant.data.calib import (
     ChannelOrder,
     ImageOptions,
     Layout,
+    calibration_files,
     index_limits,
     load_calibration,
     model_inputs,
@@ -227,13 +228,17 @@ def summary_table(f: RunFacts) -> Table:
               help="Also write the placement file (JSON: per-region decisions with their measurements).")
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace existing companion files written beside -o (OpenVINO / ncnn .bin, ncnn .table); "
+                   "without it an existing one is refused, as it may belong to another model.")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
              strict: bool, quiet: bool, json_path: Path | None, trt_cache: Path | None, report_path: Path | None,
              opset: int | None, height: int | None, width: int | None, mean: str, std: str, channel_order: str, layout: str,
              keep_aspect: bool, seed: int, target: str | None, weight_scheme: str | None, objective: str,
-             max_loss: float | None, placement_path: Path | None, placement_from: Path | None) -> None:
+             max_loss: float | None, placement_path: Path | None, placement_from: Path | None,
+             overwrite: bool) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.export import export_quant_params_json, export_trt_calibration_cache
@@ -244,7 +249,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     t0 = time.perf_counter()
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
-    kind = ExportKind.for_path(output)
+    kind = ExportKind.for_path(output, models_only=True, option="-o")
     if kind is ExportKind.TFLITE and (platform.activation.is_float
                                       or (platform.activation.bits, platform.activation.signed) != (8, True)):
         raise ConfigError(f"-o {output}: a .tflite file needs int8 activations; platform '{platform.name}' uses "
@@ -255,12 +260,12 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     plan = OutputPlan.create(
         [("-o", output, {ExportKind.OPENVINO_IR: "OpenVINO IR", ExportKind.NCNN: "ncnn param",
                          ExportKind.TFLITE: "TFLite model"}.get(kind, "ONNX model")),
-         *[(f"-o {c.suffix}", c.default_path(output), c.what) for c in beside],
+         *[(f"-o {c.suffix}", c.default_path(output), c.what, False) for c in beside],
          ("--json", json_path, "quant-params JSON"),
          ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report"),
          ("--placement", placement_path, "placement file")],
-        inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else []),
-                *([placement_from] if placement_from is not None else [])])
+        inputs=[*model_files(model), *calibration_files(calib),
+                *([placement_from] if placement_from is not None else [])], overwrite=overwrite)
     inputs = model_inputs(model)
     opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
                         std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),
