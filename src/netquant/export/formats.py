@@ -31,6 +31,8 @@ class ExportKind(enum.StrEnum):
 
         ConfigError naming the path for any other suffix (.bin is a companion, not a model; no suffix is no
         format): nothing is written under a name its readers would misread."""
+        if Path(path).name == "-":
+            raise ConfigError(f"{option} '-': netquant writes files, not standard output; give a file name")
         kind = _BY_SUFFIX.get(Path(path).suffix.lower())
         if kind is None or (models_only and kind not in MODEL_KINDS):
             known = {k: v for k, v in _BY_SUFFIX.items() if not models_only or v in MODEL_KINDS}
