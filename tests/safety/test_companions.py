@@ -111,3 +111,14 @@ def test_api_export_replaces_companions_when_named_or_allowed(model: Path, tmp_p
     x = images(1, seed=5)
     y = openvino_outputs(tmp_path / "a.xml", x)
     assert np.corrcoef(y.ravel(), qm.run({"x": x})["y"].numpy().ravel())[0, 1] > 0.99
+
+
+def test_the_default_tensorrt_cache_is_a_companion_too(model: Path, tmp_path: Path) -> None:
+    (tmp_path / "q.cache").write_text("another model's cache")
+    result = quantize(model, "--platform", "tensorrt_int8", "--calib", "random", "-o", tmp_path / "q.onnx")
+    assert result.exit_code == 1 and f"'{tmp_path / 'q.cache'}'" in result.output and "--overwrite" in result.output
+    assert (tmp_path / "q.cache").read_text() == "another model's cache" and not (tmp_path / "q.onnx").exists()
+    named = quantize(model, "--platform", "tensorrt_int8", "--calib", "random", "-o", tmp_path / "q.onnx",
+                     "--trt-cache", tmp_path / "q.cache", "-q")  # named: replaced as asked
+    assert named.exit_code == 0, named.output
+    assert "TRT-" in (tmp_path / "q.cache").read_text()

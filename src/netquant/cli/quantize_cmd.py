@@ -255,6 +255,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         raise ConfigError(f"-o {output}: a .tflite file needs int8 activations; platform '{platform.name}' uses "
                           f"{platform.activation.describe()}. Use --platform tflite_int8")
     beside = companions(kind)
+    cache_named = trt_cache is not None
     if trt_cache is None and platform.name == "tensorrt_int8":
         trt_cache = output.with_suffix(".cache")  # TensorRT's implicit-quantization input: the main artifact
     plan = OutputPlan.create(
@@ -262,7 +263,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
                          ExportKind.TFLITE: "TFLite model"}.get(kind, "ONNX model")),
          *[(f"-o {c.suffix}", c.default_path(output), c.what, False) for c in beside],
          ("--json", json_path, "quant-params JSON"),
-         ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report"),
+         ("--trt-cache", trt_cache, "TensorRT calibration cache", cache_named),
+         ("--report", report_path, "per-layer report"),
          ("--placement", placement_path, "placement file")],
         inputs=[*model_files(model), *calibration_files(calib),
                 *([placement_from] if placement_from is not None else [])], overwrite=overwrite)
