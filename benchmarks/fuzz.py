@@ -64,7 +64,9 @@ onnx's full checker or onnxruntime will not load (netquant runs them; there is n
 {tally.markdown()}
 
 Failures (other exception, hang, disagreement, leftover file, input or unnamed file overwritten, invalid file
-accepted, model ORT runs refused): {bad}
+accepted, model ORT runs refused):
+
+{bad}
 
 A valid model would end in a NetquantError when the export's own validation refuses the result (an ExportError,
 no file written); since exports target every CPU by default (int8 weights whose int16 pair sums cannot saturate on
