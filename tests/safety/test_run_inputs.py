@@ -117,3 +117,21 @@ def test_api_export_after_chdir_refuses_the_source_and_its_external_data(tmp_pat
     assert snapshot(work) == before and snapshot(elsewhere) == {}
     qm.export("q.onnx")  # relative to the folder of the call
     assert (elsewhere / "q.onnx").is_file()
+
+
+def test_save_placement_and_plot_report_refuse_the_files_the_run_read(model: Path, tmp_path: Path) -> None:
+    data = [images(1, s) for s in range(4)]
+    placement = tmp_path / "placement.json"
+    netquant.quantize_onnx(str(model), data, quiet=True).save_placement(placement)
+    qm = netquant.quantize_onnx(str(model), data, quiet=True, placement_from=placement)
+    before = snapshot(tmp_path)
+    for target in (placement, model):
+        with pytest.raises(ExportError, match="is the input file"):
+            qm.save_placement(target)
+    assert snapshot(tmp_path) == before
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "m.png"
+    os.link(model, png)  # a hard link to the model under a plot's name
+    with pytest.raises(ExportError, match="is the input file"):
+        qm.plot_report(png)
+    assert png.read_bytes() == model.read_bytes()

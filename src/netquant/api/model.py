@@ -84,7 +84,12 @@ class QuantizedModel:
         if self.placement is None:
             raise ConfigError("this model has no placement (quantized with objective=None on a platform placement "
                               "does not measure); nothing to save")
-        return self.placement.save(path)
+        self._check_output(path, "placement file")
+        return self.placement.save(absolute(path))
+
+    def _check_output(self, path: str | Path, what: str) -> None:
+        """ExportError before writing `path` when it is a file the quantization read (input_files), a folder, ..."""
+        OutputPlan.create([(f"{what} path", absolute(path), what)], inputs=self.input_files, error=ExportError)
 
     # ---- running ---------------------------------------------------------------------------
     def run(self, inputs: Any, fake_quant: bool = True,
@@ -172,6 +177,7 @@ class QuantizedModel:
                     title: str | None = None, top: int | None = None) -> list[LayerError]:
         """Write the per-layer SNR / cosine plot (PNG, needs matplotlib) of layer_report(data); returns the errors."""
         check_plot_target(path)
+        self._check_output(path, "plot")
         errors = self.layer_report(data, max_batches)
         plot_layer_errors(errors, path, top=top, title=title or f"per-layer quantization error: {self.graph.name} "
                                                                 f"on {self.platform.name}")
