@@ -81,7 +81,9 @@ def test_an_output_name_without_a_format_is_refused(model: Path, tmp_path: Path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
-def test_api_export_keeps_unnamed_companions_and_picks_formats_by_suffix(model: Path, tmp_path: Path) -> None:
+def test_api_export_keeps_unnamed_companions_and_picks_formats_by_suffix(model: Path, tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)  # '-' names a file in the current folder
     qm = netquant.quantize_onnx(str(model), [images(1, s) for s in range(4)], quiet=True)
     (tmp_path / "a.bin").write_bytes(b"other")
     with pytest.raises(ExportError, match=r"'.*a\.bin'.*already exists.*overwrite=True"):
