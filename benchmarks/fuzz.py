@@ -63,7 +63,10 @@ onnx's full checker or onnxruntime will not load (netquant runs them; there is n
 
 {tally.markdown()}
 
-Failures (other exception, hang, disagreement, leftover file): {bad}
+Failures (other exception, hang, disagreement, leftover file, input or unnamed file overwritten, invalid file
+accepted, model ORT runs refused):
+
+{bad}
 
 A valid model would end in a NetquantError when the export's own validation refuses the result (an ExportError,
 no file written); since exports target every CPU by default (int8 weights whose int16 pair sums cannot saturate on
@@ -76,6 +79,21 @@ attribute, an int64-declared output), cycles, dangling inputs (undefined value, 
 double, int8, uint64, bool, complex64, float8, int4, an unknown elem_type), unknown ops and domains, nested
 subgraphs (the graph wrapped in an If, broken If branches); data: one NaN/Inf, denormals, constant (0, 1,
 3e38), zero samples, wrong rank, wrong dtype (int64, strings, objects).
+
+Families added for issue 19, each with its own rule for a wrong ending:
+- placement files: the gemm model's saved placement file edited ({", ".join(fuzzgen.PLACEMENT_EDITS)}) and
+  re-applied (`quantize_onnx(placement_from=)` + export, or `--placement-from`). Only the unedited file may give
+  a result: a result from an edited one is "invalid file accepted".
+- companion files, outputs over inputs: {", ".join(fuzzgen.COMPANION_SCENARIOS)}. Only the overwrite scenarios
+  may write; a result elsewhere is "invalid file accepted", and any file that existed before the run (model,
+  calibration file, image, stale companion) must come out unchanged, else "input or unnamed file overwritten".
+- tiny magnitudes: weights x {{{", ".join(f"{w:g}" for w in fuzzgen.W_SCALES)}}} and data x
+  {{{", ".join(f"{x:g}" for x in fuzzgen.X_SCALES)}}} (not both 1); a written file must reach cosine >= 0.9 vs
+  the FP32 model in onnxruntime (unless FP32's own output is below float32's normal range), else "disagrees".
+- initializers as graph inputs: every initializer also a graph input (IR 4-8, as
+  `torch.onnx.export(keep_initializers_as_inputs=True)` writes).
+For valid models, tiny magnitudes and initializer inputs a NetquantError on a model onnxruntime runs is "model ORT
+runs refused".
 """
     write_text_atomic(args.out, text, "fuzz table")
     print(text)

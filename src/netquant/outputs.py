@@ -1,8 +1,12 @@
 """One output plan per run: every file a run writes, checked before any work and written together at the end.
 
 `OutputPlan.create` resolves each output path and refuses, before anything is computed, an output that is
-a folder or a special file, lies in a folder that is missing or where no file can be created, is the same
-file as another output, or is one of the run's inputs (same path or same inode: a hard link, a symlink).
+'-' (netquant writes files, not standard output), a folder or a special file, lies in a folder that is missing
+or where no file can be created, is the same file as another output, or is one of the run's inputs (same path
+or same inode: a hard link, a symlink; the model, its external data, every calibration file, the placement
+file read). A companion file nobody named (OpenVINO's or ncnn's .bin, ncnn's .table, written beside the named
+output) that already exists is refused too unless the run may overwrite (`--overwrite`, `overwrite=True`):
+it may belong to another model (`-o m.param` after `-o m.xml` would replace the IR's m.bin).
 `OutputPlan.staged()` hands out one hidden staging file per output, next to its target; when the block
 ends without error they all replace their targets, and on any error (SIGTERM and Ctrl-C included) every
 staging file is deleted and no target is touched: a failed run leaves no outputs, a finished one all.
@@ -31,6 +35,7 @@ class PlannedOutput:
     option: str
     path: Path
     what: str
+    named: bool = True  # False: a companion written beside a named output, its path chosen by netquant
 
     @property
     def resolved(self) -> Path:
@@ -57,6 +62,11 @@ def model_files(path: str | os.PathLike[str]) -> list[Path]:
     return files
 
 
+def absolute(path: str | os.PathLike[str]) -> Path:
+    """`path` made absolute against the current folder now (symlinks kept: _same_file compares inodes)."""
+    return Path(os.path.abspath(path))
+
+
 def _same_file(a: Path, b: Path) -> bool:
     if a.resolve() == b.resolve():
         return True
@@ -79,32 +89,60 @@ class OutputPlan:
 
     outputs: list[PlannedOutput]
     inputs: list[Path] = field(default_factory=list)
+    _ids: dict[object, Path] = field(default_factory=dict, repr=False)  # resolved path / (dev, inode) -> input
 
     @classmethod
-    def create(cls, outputs: Sequence[tuple[str, str | os.PathLike[str] | None, str]],
+    def create(cls, outputs: Sequence[tuple[str, str | os.PathLike[str] | None, str]
+                                      | tuple[str, str | os.PathLike[str] | None, str, bool]],
                inputs: Sequence[str | os.PathLike[str]] = (),
-               error: type[NetquantError] = ConfigError) -> OutputPlan:
-        """outputs: (option, path or None = not requested, what); inputs: files the run reads.
+               error: type[NetquantError] = ConfigError, *, overwrite: bool = False,
+               overwrite_hint: str = "--overwrite") -> OutputPlan:
+        """outputs: (option, path or None = not requested, what[, named]); inputs: files the run reads.
 
-        `error` (ConfigError by default) naming the option and path for any conflict; nothing is written.
+        named=False marks a companion whose path netquant chose: refused when it exists unless `overwrite`
+        (`overwrite_hint` says how the user allows it). `error` (ConfigError by default) naming the option and
+        path for any conflict; nothing is written.
         """
-        plan = cls([PlannedOutput(opt, Path(p), what) for opt, p, what in outputs if p is not None],
+        plan = cls([PlannedOutput(o[0], Path(o[1]), o[2], *o[3:]) for o in outputs if o[1] is not None],
                    [Path(p) for p in inputs])
         for i, out in enumerate(plan.outputs):
+            if out.path.name == "-":
+                raise error(f"{out.option} '{out.path}': netquant writes files, not standard output ('-'); give a "
+                            "file name")
             if out.path.is_dir():
                 raise error(f"{out.option} '{out.path}' is a folder; give a file name")
             if out.path.exists() and not out.path.is_file():
                 raise error(f"{out.option} '{out.path}' exists and is not a regular file; give another path")
-            for src in plan.inputs:
-                if _same_file(out.path, src):
-                    raise error(f"{out.option} '{out.path}' is the input file '{src}'; writing it would "
-                                      "destroy the input: give another output path")
+            src = plan._input_at(out.path)
+            if src is not None:
+                raise error(f"{out.option} '{out.path}' is the input file '{src}'; writing it would destroy the "
+                            "input: give another output path")
+            if not out.named and out.path.exists() and not overwrite:
+                main = plan.outputs[0].path if plan.outputs else out.path
+                raise error(f"{out.what} '{out.path}' (written beside '{main}') already exists and this run did "
+                            f"not write it: it may belong to another model. Move it away, choose another output "
+                            f"name, or pass {overwrite_hint} to replace it")
             for other in plan.outputs[:i]:
                 if _same_file(out.path, other.path):
                     raise error(f"{out.option} '{out.path}' and {other.option} '{other.path}' are the same "
                                       "file; one would overwrite the other: give each output its own path")
             _check_writable_folder(out, error)
         return plan
+
+    def _input_at(self, path: Path) -> Path | None:
+        """The input that `path` is (same resolved path or same inode), else None."""
+        if not self._ids:  # computed once: a calibration folder may hold thousands of files
+            for src in reversed(self.inputs):
+                self._ids[src.resolve()] = src
+                with contextlib.suppress(OSError):
+                    st = src.stat()
+                    self._ids[(st.st_dev, st.st_ino)] = src
+        found = self._ids.get(path.resolve())
+        if found is None:
+            with contextlib.suppress(OSError):
+                st = path.stat()
+                found = self._ids.get((st.st_dev, st.st_ino))
+        return found
 
     def path(self, option: str) -> Path | None:
         for out in self.outputs:

@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.ao.quantization.observer import MinMaxObserver
 
-from netquant.core.qparams import EPS, QParams, choose_qparams
+from netquant.core.qparams import EPS, TINY, QParams, choose_qparams
 from netquant.core.spec import QuantSpec, ScaleConstraint
 from netquant.errors import CalibrationError, DataError
 
@@ -47,9 +47,12 @@ def test_matches_torch_ao_observer_formulas(spec: QuantSpec, pairs: list[tuple[f
     hi = torch.tensor([max(a, b) for a, b in pairs], dtype=torch.float32)
     qp = choose_qparams(lo, hi, spec)
     want_scale, want_zp = _torch_ao_qparams(lo, hi, spec)
-    assert torch.equal(qp.scale, want_scale)
-    assert torch.equal(qp.zero_point.to(torch.int64), want_zp.to(torch.int64))
+    # torch.ao floors every scale at eps; netquant only zero ranges (tiny ones keep their levels, see below)
+    ao = want_scale > EPS
+    assert torch.equal(qp.scale[ao], want_scale[ao])
+    assert torch.equal(qp.zero_point.to(torch.int64)[ao], want_zp.to(torch.int64)[ao])
     assert qp.scale.dtype == torch.float32 and qp.zero_point.dtype == torch.int32
+    assert bool((qp.scale[~ao] <= EPS).all()) and bool((qp.scale >= TINY).all())
 
 
 def test_affine_uint8_hand_computed() -> None:
@@ -108,8 +111,27 @@ def test_zero_range_gives_eps_scale(spec: QuantSpec) -> None:
     qp = choose_qparams(torch.zeros(3), torch.zeros(3), spec)
     assert torch.all(qp.scale == EPS)
     assert torch.isfinite(qp.scale).all() and (qp.scale > 0).all()
-    tiny = choose_qparams(1e-30, 1e-30, spec)
-    assert tiny.scale.item() == EPS
+
+
+@pytest.mark.parametrize("amax", [1e-6, 1e-8, 1e-20, 1e-30])
+def test_tiny_ranges_keep_every_level(amax: float) -> None:
+    """The scale floor is relative: amax / 127 (smallest normal float32 at least), not torch.ao's eps, which
+    would code |x| <= 5.9e-8 as 0."""
+    x = torch.tensor([-amax, amax / 3, amax], dtype=torch.float32)
+    qp = choose_qparams(x.min(), x.max(), QuantSpec.int8(narrow_range=True))
+    assert qp.scale.item() == pytest.approx(amax / 127, rel=1e-6, abs=0)
+    q = torch.clamp(torch.round(x / qp.scale), -127, 127)
+    assert q.tolist() == [-127.0, 42.0, 127.0]
+    assert (q * qp.scale - x).abs().max().item() <= qp.scale.item() / 2 * (1 + 1e-6)
+    fp8 = choose_qparams(x.min(), x.max(), QuantSpec.fp8_e5m2())
+    assert fp8.scale.item() == pytest.approx(amax / QuantSpec.fp8_e5m2().fp_max, rel=1e-6, abs=0)
+
+
+def test_ranges_below_float32s_normal_range_get_the_smallest_normal_scale() -> None:
+    for spec in (QuantSpec.int8(), QuantSpec.uint8_affine(), QuantSpec.int8(scale_constraint=ScaleConstraint.POWER_OF_TWO)):
+        qp = choose_qparams(-1e-40, 1e-40, spec)  # denormal data
+        assert qp.scale.item() == TINY  # 2**-126: a power of two already
+        assert TINY == 2.0**-126
 
 
 def test_nan_or_inf_range_raises_data_error() -> None:
@@ -140,4 +162,4 @@ def test_per_group_shapes_pass_through() -> None:
     hi = torch.rand(4, 3)
     qp = choose_qparams(lo, hi, QuantSpec.int4_per_group(group_size=32, axis=1))
     assert qp.scale.shape == (4, 3) and qp.zero_point.shape == (4, 3)
-    assert torch.equal(qp.scale, torch.maximum(torch.maximum(-lo, hi) / 7.5, torch.tensor(EPS)))
+    assert torch.equal(qp.scale, torch.maximum(-lo, hi) / 7.5)  # ranges far above the floor

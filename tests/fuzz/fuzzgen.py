@@ -48,6 +48,10 @@ class Category(enum.StrEnum):
     DATA_EMPTY = "data: empty"
     DATA_WRONG_RANK = "data: wrong rank"
     DATA_WRONG_DTYPE = "data: wrong dtype"
+    PLACEMENT_FILE = "placement files"
+    COMPANION = "companion files, outputs over inputs"
+    TINY = "tiny magnitudes"
+    INIT_INPUT = "initializers as graph inputs"
 
 
 class Door(enum.StrEnum):
@@ -67,6 +71,9 @@ class Outcome(enum.StrEnum):
     HANG = "hang"
     DISAGREES = "disagrees with ORT"
     LEFTOVER = "leftover file"
+    CLOBBERED = "input or unnamed file overwritten"
+    ACCEPTED_INVALID = "invalid file accepted"
+    REFUSED_VALID = "model ORT runs refused"
 
     @property
     def good(self) -> bool:
@@ -83,6 +90,7 @@ class Case:
     what: str
     model: bytes
     data: dict[str, Any] | None = None
+    setup: str = ""  # placement / companion families: the scenario run_case builds in the case's folder
 
 
 @dataclass
@@ -364,12 +372,14 @@ def make_case(seed: int) -> Case:
     rng = np.random.default_rng(seed)
     base_name = list(BASES)[int(rng.integers(0, len(BASES)))]
     base = BASES[base_name](rng)
-    categories = [Category.VALID, *MUTATIONS, *DATA_CATEGORIES]
+    categories = [Category.VALID, *MUTATIONS, *DATA_CATEGORIES, *FAMILIES]
     category = categories[int(rng.integers(0, len(categories)))]
     doors = [Door.LOADER, Door.EXECUTOR, Door.QUANTIZE, Door.CLI]
     door = doors[int(rng.choice(4, p=[0.4, 0.3, 0.2, 0.1]))]
     data = None
     what = base_name
+    if category in FAMILIES:
+        return FAMILIES[category](seed, base_name, base, door, rng)
     if category in MUTATIONS:
         desc, mutated = MUTATIONS[category](base, rng)
         raw = mutated if isinstance(mutated, bytes) else mutated.SerializeToString()
@@ -381,6 +391,114 @@ def make_case(seed: int) -> Case:
             what = f"{base_name}: {desc}"
             door = Door.QUANTIZE if door in (Door.LOADER, Door.QUANTIZE) else door
     return Case(seed, category, door, what, raw, data)
+
+
+# ---- families of issue 19: placement files, companion files, tiny magnitudes, initializer inputs ------------
+
+PLACEMENT_EDITS = ("truncated JSON", "not JSON", "a list, not an object", "no 'regions'", "'regions' a string",
+                   "a region without 'decision'", "'anchor' a list", "decision 'FLOAT'", "decision 'bogus'",
+                   "'model_sha256' a number", "'format' of a future version", "'max_loss' NaN", "empty file",
+                   "'target' x86-vnni (the run targets any)", "the file as saved")
+VALID_PLACEMENT = "the file as saved"
+
+
+def _placement_case(seed: int, base_name: str, base: onnx.ModelProto, door: Door, rng: np.random.Generator) -> Case:
+    """A placement file saved for the gemm model (the base with a quantized region), edited, re-applied."""
+    model = gemm_model(rng)
+    edit = PLACEMENT_EDITS[int(rng.integers(0, len(PLACEMENT_EDITS)))]
+    door = Door.CLI if door is Door.CLI else Door.QUANTIZE
+    return Case(seed, Category.PLACEMENT_FILE, door, f"gemm: placement file, {edit}", model.SerializeToString(),
+                setup=edit)
+
+
+def edit_placement(text: str, edit: str, rng: np.random.Generator) -> str:
+    """The saved placement file `text` with `edit` (one of PLACEMENT_EDITS) applied."""
+    import json
+
+    data = json.loads(text)
+    region = data["regions"][0] if data.get("regions") else {}
+    if edit == "truncated JSON":
+        return text[: int(rng.integers(1, len(text) - 1))]
+    if edit == "not JSON":
+        return "placement: int8 everywhere\n"
+    if edit == "a list, not an object":
+        return json.dumps([data])
+    if edit == "no 'regions'":
+        del data["regions"]
+    elif edit == "'regions' a string":
+        data["regions"] = "fc"
+    elif edit == "a region without 'decision'":
+        region.pop("decision", None)
+    elif edit == "'anchor' a list":
+        region["anchor"] = [region.get("anchor", "fc")]
+    elif edit == "decision 'FLOAT'":
+        region["decision"] = "FLOAT"
+    elif edit == "decision 'bogus'":
+        region["decision"] = "bogus"
+    elif edit == "'model_sha256' a number":
+        data["model_sha256"] = 12345
+    elif edit == "'format' of a future version":
+        data["format"] = "netquant.placement/99"
+    elif edit == "'max_loss' NaN":
+        data["max_loss"] = float("nan")
+    elif edit == "empty file":
+        return ""
+    elif edit.startswith("'target'"):
+        data["target"] = "x86-vnni"
+    return json.dumps(data, indent=1)
+
+
+COMPANION_SCENARIOS = ("stale m.bin, -o m.xml", "read-only stale m.bin, -o m.xml", "stale m.bin, -o m.param",
+                       "stale m.table, -o m.param", "stale m.bin, -o m.xml --overwrite", "-o m.bin", "-o m",
+                       "-o -", "-o m.json", "--json over the calibration file", "--report over a calibration image",
+                       "-o over the model", "python export m.xml, stale m.bin",
+                       "python export m.xml, stale m.bin, overwrite=True", "python export over the calibration file")
+
+
+def _companion_case(seed: int, base_name: str, base: onnx.ModelProto, door: Door, rng: np.random.Generator
+                    ) -> Case:
+    scenario = COMPANION_SCENARIOS[int(rng.integers(0, len(COMPANION_SCENARIOS)))]
+    door = Door.QUANTIZE if scenario.startswith("python") else Door.CLI
+    data = {base.graph.input[0].name: np.stack([feeds_for(base, rng)[base.graph.input[0].name][0]] * 4)}
+    return Case(seed, Category.COMPANION, door, f"{base_name}: {scenario}", base.SerializeToString(), data,
+                setup=scenario)
+
+
+X_SCALES, W_SCALES = (1.0, 1e-4, 1e-6, 1e-8, 1e-10, 1e-12), (1.0, 1e-3, 1e-6, 1e-8, 1e-10)
+
+
+def _tiny_case(seed: int, base_name: str, base: onnx.ModelProto, door: Door, rng: np.random.Generator) -> Case:
+    """Weights and / or calibration data scaled far below 1 (never both 1)."""
+    xs, ws = 1.0, 1.0
+    while xs == 1.0 and ws == 1.0:
+        xs = float(rng.choice(X_SCALES))
+        ws = float(rng.choice(W_SCALES))
+    for t in base.graph.initializer:
+        arr = numpy_helper.to_array(t)
+        if arr.dtype == np.float32 and arr.ndim:
+            t.CopyFrom(numpy_helper.from_array((arr * np.float32(ws)).astype(np.float32), t.name))
+    name = base.graph.input[0].name
+    x = np.stack([feeds_for(base, rng)[name][0] for _ in range(4)]) * np.float32(xs)
+    door = door if door in (Door.QUANTIZE, Door.CLI) else Door.QUANTIZE
+    return Case(seed, Category.TINY, door, f"{base_name}: data x{xs:g}, weights x{ws:g}", base.SerializeToString(),
+                {name: x.astype(np.float32)})
+
+
+def _init_input_case(seed: int, base_name: str, base: onnx.ModelProto, door: Door, rng: np.random.Generator
+                     ) -> Case:
+    """Every initializer also listed among the graph inputs (IR >= 4 allows it: keep_initializers_as_inputs)."""
+    for t in base.graph.initializer:
+        base.graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    base.ir_version = int(rng.integers(4, 9))
+    return Case(seed, Category.INIT_INPUT, door, f"{base_name}: initializers as inputs, IR {base.ir_version}",
+                base.SerializeToString())
+
+
+FAMILIES: dict[Category, Callable[[int, str, onnx.ModelProto, Door, np.random.Generator], Case]] = {
+    Category.PLACEMENT_FILE: _placement_case, Category.COMPANION: _companion_case, Category.TINY: _tiny_case,
+    Category.INIT_INPUT: _init_input_case,
+}
+RUNS_IN_ORT = (Category.VALID, Category.TINY, Category.INIT_INPUT)  # a NetquantError here refuses a sound model
 
 
 # ---- running ----------------------------------------------------------------------------------------
@@ -460,9 +578,16 @@ def run_case(case: Case, workdir: Path, limit_s: float = 20.0) -> Result:
     start = time.perf_counter()
     outcome, detail = Outcome.OK, ""
     written: set[str] = set()
+    protected: dict[str, bytes | None] = {}  # files made before the run: unchanged after it (None: may be replaced)
     try:
         with time_limit(limit_s):
-            if case.door is Door.LOADER:
+            if case.category is Category.PLACEMENT_FILE:
+                outcome, detail, names = _run_placement(case, folder, rng, protected)
+                written |= names
+            elif case.category is Category.COMPANION:
+                outcome, detail, names = _run_companion(case, folder, protected)
+                written |= names
+            elif case.door is Door.LOADER:
                 load_onnx(case.model)
             elif case.door is Door.EXECUTOR:
                 graph = load_onnx(case.model)
@@ -475,48 +600,165 @@ def run_case(case: Case, workdir: Path, limit_s: float = 20.0) -> Result:
                 elif not _agree(ours, sess, feeds):
                     outcome, detail = Outcome.DISAGREES, "executor output differs from onnxruntime's"
             elif case.door is Door.QUANTIZE:
-                qm = quantize_onnx(case.model, _calib_for(case.model, case.data, rng), quiet=True)
+                calib = _calib_for(case.model, case.data, rng)
+                if case.category is Category.TINY:  # one sample per batch: fits a static batch dim of 1
+                    calib = [{k: v[i:i + 1] for k, v in calib.items()} for i in range(4)]
+                qm = quantize_onnx(case.model, calib, quiet=True)
                 qm.export(folder / "q.onnx")  # validated against onnxruntime on a batch before it is written
                 written.add("q.onnx")
             else:
                 outcome, detail = _run_cli(case, folder, rng)
                 written |= {"q.onnx", "p.json"} if outcome is Outcome.OK else set()
+            if case.category is Category.TINY and outcome is Outcome.OK:
+                outcome, detail = _int8_vs_fp32(case, folder / "q.onnx")
     except NetquantError as exc:
-        outcome, detail = Outcome.NETQUANT_ERROR, type(exc).__name__
+        outcome, detail = Outcome.NETQUANT_ERROR, f"{type(exc).__name__}: {str(exc)[:200]}"
     except Hang as exc:
         outcome, detail = Outcome.HANG, str(exc)
     except Exception as exc:  # noqa: BLE001 - exactly what the fuzz tier hunts for
         outcome, detail = Outcome.OTHER_EXCEPTION, f"{type(exc).__name__}: {str(exc)[:300]}"
-    inputs = {"m.onnx", "calib.npz"}
+    if (outcome is Outcome.NETQUANT_ERROR and case.category in RUNS_IN_ORT and case.door is not Door.LOADER
+            and _ort_session(case.model) is not None):
+        outcome = Outcome.REFUSED_VALID
+    changed = sorted(n for n, b in protected.items()
+                     if b is not None and (not (folder / n).is_file() or (folder / n).read_bytes() != b))
+    if changed:
+        outcome, detail = Outcome.CLOBBERED, ", ".join(changed)
+    inputs = {"m.onnx", "calib.npz", *protected}
     left = sorted(p.name for p in folder.iterdir() if p.name not in written | inputs)
     if left and outcome.good:
         outcome, detail = Outcome.LEFTOVER, ", ".join(left)
     for p in folder.iterdir():
+        p.chmod(0o600)
         p.unlink()
     folder.rmdir()
     return Result(case, outcome, detail, time.perf_counter() - start)
 
 
-def _run_cli(case: Case, folder: Path, rng: np.random.Generator) -> tuple[Outcome, str]:
+def _int8_vs_fp32(case: Case, path: Path) -> tuple[Outcome, str]:
+    """A written file of the tiny-magnitudes family keeps the signal: cosine vs the FP32 model in onnxruntime
+    >= 0.9 on the calibration data, unless FP32's own output is below float32's normal range."""
+    sess, ref_sess = _ort_session(path.read_bytes()), _ort_session(case.model)
+    if sess is None or ref_sess is None:
+        return Outcome.OK_ORT_REFUSES, ""
+    feeds = {k: v[:1] for k, v in (case.data or {}).items()}
+    y, ref = sess.run(None, feeds)[0].astype(np.float64), ref_sess.run(None, feeds)[0].astype(np.float64)
+    if np.abs(ref).max(initial=0) < np.finfo(np.float32).tiny:
+        return Outcome.OK, ""
+    cos = float(y.ravel() @ ref.ravel() / max(np.linalg.norm(y) * np.linalg.norm(ref), 1e-300))
+    if cos < 0.9:
+        return Outcome.DISAGREES, f"int8 vs FP32 cosine {cos:.4f} (max |int8| {np.abs(y).max():.3g})"
+    return Outcome.OK, ""
+
+
+def _invoke(args: list[str]) -> tuple[Outcome, str]:
+    """`netquant quantize ARGS` in-process: OK (exit 0), a NetquantError (exit 1/2, no traceback) or another
+    exception."""
     from click.testing import CliRunner
 
     from netquant.cli.main import cli
 
+    result = CliRunner().invoke(cli, ["quantize", *args])
+    if result.exit_code == 0:
+        return Outcome.OK, ""
+    exc = result.exception
+    if result.exit_code in (1, 2) and (exc is None or isinstance(exc, SystemExit)):
+        message = result.output.strip().splitlines()[-1][:200] if result.output.strip() else ""
+        return Outcome.NETQUANT_ERROR, ("exit 1: " if result.exit_code == 1 else "usage error: ") + message
+    if isinstance(exc, NetquantError):
+        return Outcome.NETQUANT_ERROR, type(exc).__name__
+    return Outcome.OTHER_EXCEPTION, f"{type(exc).__name__}: {str(exc)[:300]}" if exc else f"exit {result.exit_code}"
+
+
+def _run_placement(case: Case, folder: Path, rng: np.random.Generator, protected: dict[str, bytes | None]
+                   ) -> tuple[Outcome, str, set[str]]:
+    """Save the model's placement file, edit it (case.setup), re-apply it through the case's door."""
+    from netquant import quantize_onnx
+
+    calib = [feeds_for(onnx.load_from_string(case.model), rng, batch=2) for _ in range(2)]
+    placement = folder / "p.json"
+    quantize_onnx(case.model, calib, quiet=True).save_placement(placement)
+    placement.write_text(edit_placement(placement.read_text(), case.setup, rng))
+    protected["p.json"] = placement.read_bytes()
+    if case.door is Door.QUANTIZE:
+        quantize_onnx(case.model, calib, quiet=True, placement_from=placement).export(folder / "q.onnx")
+        outcome, detail = Outcome.OK, ""
+    else:
+        (folder / "m.onnx").write_bytes(case.model)
+        np.savez(folder / "calib.npz", x=np.concatenate([c["x"] for c in calib]))
+        outcome, detail = _invoke([str(folder / "m.onnx"), "--calib", str(folder / "calib.npz"), "-o",
+                                   str(folder / "q.onnx"), "--placement-from", str(placement), "-q"])
+    if outcome is Outcome.OK and case.setup != VALID_PLACEMENT:
+        return Outcome.ACCEPTED_INVALID, f"placement file with {case.setup} applied", {"q.onnx"}
+    return outcome, detail, {"q.onnx"} if outcome is Outcome.OK else set()
+
+
+def _run_companion(case: Case, folder: Path, protected: dict[str, bytes | None]) -> tuple[Outcome, str, set[str]]:
+    """One COMPANION_SCENARIOS entry: stale companions, output names without a format, outputs over inputs."""
+    from netquant import quantize_onnx
+
+    scenario = case.setup
+    model, calib = folder / "m.onnx", folder / "calib.npz"
+    model.write_bytes(case.model)
+    assert case.data is not None
+    np.savez(calib, **case.data)
+    for name in ("m.bin", "m.table"):
+        if f"stale {name}" in scenario:
+            (folder / name).write_bytes(b"another model's " + name.encode())
+    if "read-only" in scenario:
+        (folder / "m.bin").chmod(0o400)
+    if "image" in scenario:
+        (folder / "c0.png").write_bytes(b"\x89PNG\r\n\x1a\n not really an image")
+    allowed = "overwrite" in scenario.lower()
+    protected.update({p.name: None if allowed and p.suffix == ".bin" else p.read_bytes() for p in folder.iterdir()})
+    main = {"-o m.xml": "m.xml", "-o m.param": "m.param"}
+    samples = [{k: v[i:i + 1] for k, v in case.data.items()} for i in range(4)]  # static batch dims of 1 fit
+    if scenario.startswith("python"):
+        if "over the calibration file" in scenario:  # the source model read through a relative path, then chdir
+            here = os.getcwd()
+            os.chdir(folder)
+            try:
+                qm = quantize_onnx("m.onnx", samples, quiet=True)
+            finally:
+                os.chdir(here)
+            qm.export(model.resolve(), format="json")
+            return Outcome.ACCEPTED_INVALID, "wrote over the source model", set()
+        quantize_onnx(case.model, samples, quiet=True).export(folder / "m.xml", overwrite=allowed)
+        outcome, detail, out = Outcome.OK, "", {"m.xml", "m.bin"}
+    else:
+        args = [str(model), "--calib", str(calib if "image" not in scenario else folder), "-q"]
+        if "--json over" in scenario:
+            args += ["-o", str(folder / "q.onnx"), "--json", str(calib)]
+        elif "--report over" in scenario:
+            args += ["-o", str(folder / "q.onnx"), "--report", str(folder / "c0.png")]
+        elif "-o over the model" in scenario:
+            args += ["-o", str(model)]
+        else:
+            flag = next(k for k in ("-o m.xml", "-o m.param", "-o m.bin", "-o m.json", "-o m", "-o -")
+                        if scenario.endswith(k) or f"{k} " in f"{scenario.split(', ')[-1]} ")
+            name = flag.split(" ")[1]
+            args += ["-o", name if name == "-" else str(folder / name)] + (["--overwrite"] if allowed else [])
+        here = os.getcwd()
+        os.chdir(folder)  # '-o -' would name a file in the current folder
+        try:
+            outcome, detail = _invoke(args)
+        finally:
+            os.chdir(here)
+        out = {"m.xml": {"m.xml", "m.bin"}, "m.param": {"m.param", "m.bin", "m.table"}}.get(
+            next((v for k, v in main.items() if k in scenario), ""), set())
+    if outcome is Outcome.OK and not allowed:
+        return Outcome.ACCEPTED_INVALID, f"{scenario}: written", out
+    return outcome, detail, out if outcome is Outcome.OK else set()
+
+
+def _run_cli(case: Case, folder: Path, rng: np.random.Generator) -> tuple[Outcome, str]:
     (folder / "m.onnx").write_bytes(case.model)
     calib = "random"
     if case.data:
         np.savez(folder / "calib.npz", **case.data)
         calib = str(folder / "calib.npz")
-    result = CliRunner().invoke(cli, ["quantize", str(folder / "m.onnx"), "--calib", calib, "-o",
-                                      str(folder / "q.onnx"), "--json", str(folder / "p.json"), "-q"])
-    if result.exit_code == 0:
-        return Outcome.OK, ""
-    exc = result.exception
-    if result.exit_code in (1, 2) and (exc is None or isinstance(exc, SystemExit)):
-        return Outcome.NETQUANT_ERROR, "exit 1" if result.exit_code == 1 else "usage error"
-    if isinstance(exc, NetquantError):
-        return Outcome.NETQUANT_ERROR, type(exc).__name__
-    return Outcome.OTHER_EXCEPTION, f"{type(exc).__name__}: {str(exc)[:300]}" if exc else f"exit {result.exit_code}"
+    return _invoke([str(folder / "m.onnx"), "--calib", calib, "-o", str(folder / "q.onnx"), "--json",
+                    str(folder / "p.json"), "-q"])
 
 
 @dataclass

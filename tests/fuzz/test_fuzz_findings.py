@@ -33,3 +33,15 @@ def test_object_arrays_in_npz_are_a_data_error(tmp_path: Path) -> None:
     np.savez(tmp_path / "c.npz", x=np.array([{"a": 1}] * 2, dtype=object))
     with pytest.raises(DataError, match="cannot read array 'x'"):
         load_arrays(tmp_path / "c.npz", [ModelInput("x", ("N", 3))])
+
+
+def test_a_node_name_that_is_not_utf8_is_a_model_error() -> None:
+    """Seed 1534: a bit flip in an If branch's node name; protobuf hands invalid UTF-8 over as bytes."""
+    from netquant.errors import ModelError
+    from netquant.graph import load_onnx
+    from tests.fuzz.fuzzgen import if_model
+
+    raw = if_model(np.random.default_rng(0)).SerializeToString()
+    flipped = raw.replace(b"else_neg", b"els\xe5_neg")
+    with pytest.raises(ModelError, match=r"subgraph of 'branch'.*not valid UTF-8 \(b'els\\xe5_neg'\)"):
+        load_onnx(flipped)

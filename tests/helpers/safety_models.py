@@ -30,6 +30,28 @@ def conv_relu(batch: int | str = 1, *, output_shape: bool = True, seed: int = 0)
     return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 8, 8])], [out], inits)
 
 
+def conv_gemm(weight_scale: float = 1.0, seed: int = 0) -> onnx.ModelProto:
+    """x[1,8,16,16] -> Conv(16) -> Relu -> Conv(16) -> Relu -> GlobalAveragePool -> Flatten -> Gemm(10), no biases:
+    y is proportional to x and to every weight (all weights x weight_scale), and every op is int8 in
+    onnxruntime_int8."""
+    rng = np.random.default_rng(seed)
+
+    def w(*shape: int) -> np.ndarray:
+        return (rng.standard_normal(shape) * 0.3 * weight_scale).astype(np.float32)
+
+    inits = [numpy_helper.from_array(w(16, 8, 3, 3), "w1"), numpy_helper.from_array(w(16, 16, 3, 3), "w2"),
+             numpy_helper.from_array(w(10, 16), "w3")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c2"], ["r2"], name="relu2"),
+             helper.make_node("GlobalAveragePool", ["r2"], ["g"], name="gap"),
+             helper.make_node("Flatten", ["g"], ["f"], name="flat"),
+             helper.make_node("Gemm", ["f", "w3"], ["y"], name="fc", transB=1)]
+    return _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits)
+
+
 def ir3_opset7() -> onnx.ModelProto:
     """conv_relu as an IR-3 / opset-7 model: every initializer is listed among the graph inputs too."""
     model = conv_relu()

@@ -99,9 +99,11 @@ def conv_configs(qm):
 
 
 def minmax_weight_scale(w: np.ndarray, spec, per_channel: bool) -> np.ndarray:
-    """torch.ao's symmetric scale: max(amax / ((qmax - qmin) / 2), eps), computed here from the weights."""
+    """The symmetric scale amax / ((qmax - qmin) / 2) (floored at float32's smallest normal, eps for a zero range),
+    computed here from the weights."""
     amax = np.abs(w).reshape(w.shape[0], -1).max(1) if per_channel else np.abs(w).max().reshape(1)
-    return np.maximum(amax.astype(np.float64) / ((spec.qmax - spec.qmin) / 2), float(EPS))
+    raw = amax.astype(np.float64) / ((spec.qmax - spec.qmin) / 2)
+    return np.where(raw > 0, np.maximum(raw, float(np.finfo(np.float32).tiny)), float(EPS))
 
 
 # ---- per-channel weights (onnxruntime platform) ----------------------------------------------------
@@ -194,11 +196,12 @@ def test_per_tensor_weight_scale_enlarged_and_export_matches_fp32(tmp_path: Path
     assert not any("clipped" in str(c.message) for c in caught)
     a_cfg, w_cfg, b_cfg, _ = conv_configs(qm)
     (adj,) = qm.qgraph.bias_scale_adjustments
-    assert (adj.channels, adj.per_tensor) == (2, True)  # biases 20 and -30 overflow; one scale grows for all
-    assert any("per-tensor weight scale of 'w'" in str(c.message) for c in caught)
     w_spec = w_cfg.spec
     limit = INT32_MAX - FAN_IN * 255 * max(-w_spec.qmin, w_spec.qmax)
     s_in = float(a_cfg.effective_params.scale)
+    over = np.abs(b) / (s_in * float(minmax_weight_scale(w, w_spec, per_channel=False)[0])) > limit
+    assert over[:2].all() and (adj.channels, adj.per_tensor) == (int(over.sum()), True)  # one scale grows for all
+    assert any("per-tensor weight scale of 'w'" in str(c.message) for c in caught)
     got = float(w_cfg.effective_params.scale)
     assert w_cfg.effective_params.scale.numel() == 1
     assert got == pytest.approx(np.abs(b).max() / (s_in * limit), rel=1e-6)

@@ -36,11 +36,11 @@ def files(folder: Path) -> list[str]:
     return sorted(p.name for p in folder.iterdir())
 
 
-@pytest.mark.parametrize("side", ["--json", "--trt-cache", "--report"])
+@pytest.mark.parametrize("side", ["--json", "--trt-cache"])  # --report needs .md / .png, -o a model suffix
 def test_a_side_output_cannot_replace_the_model(model: Path, tmp_path: Path, side: str) -> None:
     out = tmp_path / "out"
     out.mkdir()
-    target = out / ("m.md" if side == "--report" else "m.onnx")
+    target = out / "m.onnx"
     result = quantize(model, "--calib", "random", "-o", target, side, target)
     assert result.exit_code == 1
     assert "ConfigError" in result.output and "same file" in result.output and side in result.output

@@ -45,7 +45,7 @@ from netquant.core.int_kernels import Accumulation
 from netquant.errors import ConfigError, ExportError
 from netquant.export.fidelity import DEFAULT_MIN_COSINE, EngineComparison
 from netquant.export.formats import ExportKind, companions, writer
-from netquant.outputs import OutputPlan, model_files
+from netquant.outputs import OutputPlan, absolute, model_files
 from netquant.passes.calib_data import CalibrationData
 from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
@@ -68,9 +68,14 @@ class QuantizedModel:
 
     def __init__(self, qgraph: QuantizedGraph, source: str = "", timings: dict[str, float] | None = None,
                  calib_data: CalibrationData | None = None, placement: Placement | None = None,
-                 min_cosine: float | None = None, float_policy: FloatPolicy | None = None) -> None:
+                 min_cosine: float | None = None, float_policy: FloatPolicy | None = None,
+                 inputs: Sequence[str | Path] | None = None) -> None:
         self.qgraph = qgraph
         self.source = source
+        if inputs is None:  # the source model file and its external data, when `source` is a file
+            inputs = model_files(source) if source and Path(source).is_file() else ()
+        # every file the run read, absolute now: export refuses to write any of them, even after os.chdir
+        self.input_files: tuple[Path, ...] = tuple(dict.fromkeys(absolute(p) for p in inputs))
         self.timings = dict(timings or {})
         self._calib_data = calib_data
         self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
@@ -135,7 +140,12 @@ class QuantizedModel:
         if self.placement is None:
             raise ConfigError("this model has no placement (quantized with objective=None on a platform placement "
                               "does not measure); nothing to save")
-        return self.placement.save(path)
+        self._check_output(path, "placement file")
+        return self.placement.save(absolute(path))
+
+    def _check_output(self, path: str | Path, what: str) -> None:
+        """ExportError before writing `path` when it is a file the quantization read (input_files), a folder, ..."""
+        OutputPlan.create([(f"{what} path", absolute(path), what)], inputs=self.input_files, error=ExportError)
 
     # ---- running ---------------------------------------------------------------------------
     def run(self, inputs: Any, fake_quant: bool = True,
@@ -223,6 +233,7 @@ class QuantizedModel:
                     title: str | None = None, top: int | None = None) -> list[LayerError]:
         """Write the per-layer SNR / cosine plot (PNG, needs matplotlib) of layer_report(data); returns the errors."""
         check_plot_target(path)
+        self._check_output(path, "plot")
         errors = self.layer_report(data, max_batches)
         plot_layer_errors(errors, path, top=top, title=title or f"per-layer quantization error: {self.graph.name} "
                                                                 f"on {self.platform.name}")
@@ -312,10 +323,13 @@ class QuantizedModel:
             engine=EngineFacts.from_export(export, output) if export is not None else None)
 
     # ---- export ----------------------------------------------------------------------------
-    def export(self, path: str | Path, format: ExportKind | str | None = None, **kwargs: Any) -> Any:
+    def export(self, path: str | Path, format: ExportKind | str | None = None, *, overwrite: bool = False,
+               **kwargs: Any) -> Any:
         """Write the model (ExportKind): ONNX QDQ, quant-params JSON, TensorRT calibration cache, OpenVINO IR,
-        TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .xml OpenVINO IR,
-        .tflite TFLite, .param ncnn, else ONNX QDQ); companion files (.bin, .table) go beside it unless given as keywords.
+        TFLite or ncnn. Default: the format the path's suffix asks for (ExportKind.for_path: .onnx ONNX QDQ, .xml
+        OpenVINO IR, .tflite TFLite, .param ncnn, .json, .cache; another suffix needs `format`); companion files
+        (.bin, .table) go beside it unless given as keywords. ExportError before writing when a path is one of the
+        files the quantization read (input_files), or a companion nobody named exists (unless overwrite=True).
         Model files: FloatResultError when no region runs in INT8 (allow_float=True writes it anyway), ExportError when
         an output is below min_fp32_cosine vs FP32 in the engine (default: quantize_onnx's min_cosine); the comparison
         is kept in self.vs_fp32 and summary()["vs_fp32"].
@@ -324,22 +338,30 @@ class QuantizedModel:
         is returned)."""
         if self.rank != 0:
             return None
-        cache = self._trt_cache(path, format, kwargs.pop("trt_cache", None))
-        try:
-            fmt = ExportKind.for_path(path) if format is None else ExportKind(format)
-        except ValueError:
-            raise ConfigError(f"unknown export format '{format}'; choose one of "
-                              f"{', '.join(f.value for f in ExportKind)}") from None
-        source = Path(self.source) if self.source and Path(self.source).is_file() else None
+        if format is None:
+            fmt = ExportKind.for_path(path)
+        else:
+            try:
+                fmt = ExportKind(format)
+            except ValueError:
+                raise ConfigError(f"unknown export format '{format}'; choose one of "
+                                  f"{', '.join(f.value for f in ExportKind)}") from None
+        path = absolute(path)
+        cache = self._trt_cache(path, fmt, kwargs.pop("trt_cache", None))
+        for c in companions(fmt):
+            if kwargs.get(c.keyword) is not None:
+                kwargs[c.keyword] = absolute(kwargs[c.keyword])
         planned = [("export path", path, f"{fmt.value} file")]
-        planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what) for c in companions(fmt)]
-        planned += [("trt_cache", cache, "TensorRT calibration cache")] if cache is not None else []
-        OutputPlan.create(planned, inputs=model_files(source) if source is not None else (), error=ExportError)
+        planned += [(c.what, kwargs.get(c.keyword) or c.default_path(path), c.what, kwargs.get(c.keyword) is not None)
+                    for c in companions(fmt)]
+        planned += [("trt_cache", absolute(cache), "TensorRT calibration cache", False)] if cache is not None else []
+        OutputPlan.create(planned, inputs=self.input_files, error=ExportError, overwrite=overwrite,
+                          overwrite_hint="overwrite=True")
         with make_progress(not self.progress) as shown, shown.stage(f"export: {Path(path).name}"), \
                 thread_scope(self.threads):  # validation in the engine: the threads quantization chose
             report = self.write(fmt, path, **kwargs)
         if cache is not None:
-            self.export(cache, format=ExportKind.TENSORRT_CACHE)
+            self.export(cache, format=ExportKind.TENSORRT_CACHE, overwrite=True)  # planned (and checked) above
         return report
 
     def write(self, fmt: ExportKind, path: str | Path, **kwargs: Any) -> Any:

@@ -16,10 +16,11 @@ import torch
 
 from netquant.api.float_result import FloatPolicy
 from netquant.api.model import QuantizedModel
-from netquant.data.calib import PATH_OPTION_KEYS, graph_inputs, load_path_calibration
+from netquant.data.calib import PATH_OPTION_KEYS, calibration_files, graph_inputs, load_path_calibration
 from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
+from netquant.outputs import absolute, model_files
 from netquant.passes.base import PassBase
 from netquant.passes.distributed import current_shard
 from netquant.passes.progress import make_progress
@@ -175,6 +176,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     graph, source = _load(model)
     _check_float32(graph, source)
     _check_weights(graph, source)
+    read_files = _read_files(model, calib_data, s)  # before a calibration path becomes batches
     if isinstance(calib_data, (str, os.PathLike)):  # an image folder, .npy / .npz file(s) or 'random', as the CLI's
         calib_data = load_path_calibration(calib_data, graph_inputs(graph), s.batch_size, **path_options)
     elif path_options:
@@ -211,10 +213,22 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
     policy = FloatPolicy(s.allow_float or s.objective is Objective.LATENCY, s.min_int8_fraction)
-    qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement, min_cosine=s.min_cosine, float_policy=policy)
+    qmodel = QuantizedModel(run.qgraph, source, timings, kept, placement, min_cosine=s.min_cosine, float_policy=policy,
+                            inputs=read_files)
     qmodel.progress = not s.quiet  # exports show progress as the passes and placement did
     qmodel.rank = rank
     return qmodel
+
+
+def _read_files(model: Any, calib_data: Any, s: QuantSettings) -> list[Path]:
+    """The files this run read (absolute: the user may chdir before exporting): the model and its external
+    data, a calibration file or folder given by path, the placement file."""
+    files = model_files(model) if isinstance(model, (str, os.PathLike)) else []
+    if isinstance(calib_data, (str, os.PathLike)):
+        files += calibration_files(calib_data)
+    if s.placement_from is not None:
+        files.append(Path(s.placement_from))
+    return [absolute(f) for f in files]
 
 
 def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any,

@@ -9,7 +9,7 @@ observer give the same scales in both:
   `choose_qparams`.  Float summation-order noise (torch's thread count changing a reduction order,
   ~1e-6 relative) then almost never reaches a scale: same inputs -> same quantized model.
 - constants / weights and dynamic (per-batch) activations: the exact range (`compute_params`).
-- zero and tiny ranges: `choose_qparams` gives s = eps (never 0, NaN or Inf).
+- zero ranges: `choose_qparams` gives s = eps; tiny ones keep their levels (s >= the smallest normal float32).
 - flat ranges: where every consumer of a tensor is flat below L (Relu, Clip, hard-swish; found by the
   graph analysis `passes.flat_ranges`), the observer sees `clamp_for_observation(x, L)`.  Modules do
   not know their consumers, so the module API observes x itself.

@@ -19,6 +19,7 @@ from netquant.data.calib import (
     ChannelOrder,
     ImageOptions,
     Layout,
+    calibration_files,
     index_limits,
     load_calibration,
     model_inputs,
@@ -255,6 +256,9 @@ def summary_table(f: RunFacts) -> Table:
                    "such a run exits non-zero with the measured trade-off (--objective latency allows it too).")
 @click.option("--min-int8-fraction", type=click.FloatRange(min=0.0, max=1.0), default=None,
               help="Share of regions that must run in INT8 (default: at least one).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace existing companion files written beside -o (OpenVINO / ncnn .bin, ncnn .table); "
+                   "without it an existing one is refused, as it may belong to another model.")
 @friendly_errors
 def quantize(model: Path, platform_name: str, calib: str, output: Path, num_calib: int | None, batch_size: int,
              observer: str | None, weight_observer: str | None, per_channel: bool | None, fp32_ops: tuple[str, ...],
@@ -266,7 +270,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
              act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0, threads: str = "auto",
              nproc: int = 1, min_cosine: float | None = None, allow_float: bool = False,
-             min_int8_fraction: float | None = None) -> None:
+             min_int8_fraction: float | None = None, overwrite: bool = False) -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.cli.distributed import local_group, torchrun_rank
@@ -295,23 +299,25 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
     check_opset_request(opset, "--opset")
-    kind = ExportKind.for_path(output)
+    kind = ExportKind.for_path(output, models_only=True, option="-o")
     if kind is ExportKind.TFLITE and (platform.activation.is_float
                                       or (platform.activation.bits, platform.activation.signed) != (8, True)):
         raise ConfigError(f"-o {output}: a .tflite file needs int8 activations; platform '{platform.name}' uses "
                           f"{platform.activation.describe()}. Use --platform tflite_int8")
     beside = companions(kind)
+    cache_named = trt_cache is not None
     if trt_cache is None and platform.name == "tensorrt_int8":
         trt_cache = output.with_suffix(".cache")  # TensorRT's implicit-quantization input: the main artifact
     plan = OutputPlan.create(
         [("-o", output, {ExportKind.OPENVINO_IR: "OpenVINO IR", ExportKind.NCNN: "ncnn param",
                          ExportKind.TFLITE: "TFLite model"}.get(kind, "ONNX model")),
-         *[(f"-o {c.suffix}", c.default_path(output), c.what) for c in beside],
+         *[(f"-o {c.suffix}", c.default_path(output), c.what, False) for c in beside],
          ("--json", json_path, "quant-params JSON"),
-         ("--trt-cache", trt_cache, "TensorRT calibration cache"), ("--report", report_path, "per-layer report"),
+         ("--trt-cache", trt_cache, "TensorRT calibration cache", cache_named),
+         ("--report", report_path, "per-layer report"),
          ("--placement", placement_path, "placement file")],
-        inputs=[*model_files(model), *([Path(calib)] if calib != "random" and Path(calib).is_file() else []),
-                *([placement_from] if placement_from is not None else [])])
+        inputs=[*model_files(model), *calibration_files(calib),
+                *([placement_from] if placement_from is not None else [])], overwrite=overwrite)
     inputs = model_inputs(model)
     opts = ImageOptions(height=height, width=width, mean=_floats(mean, "mean") or (0.0,),
                         std=_floats(std, "std") or (1.0,), channel_order=ChannelOrder(channel_order.lower()),

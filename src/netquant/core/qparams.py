@@ -1,15 +1,18 @@
 """Choosing scale and zero point from an observed range (torch.ao.quantization's formulas).
 
     affine:      min' = min(min, 0), max' = max(max, 0)
-                 s = max((max' - min') / (qmax - qmin), eps)
+                 s = floor((max' - min') / (qmax - qmin))
                  z = clamp(qmin - round(min' / s), qmin, qmax)
-    symmetric:   amax = max(-min', max'); s = max(amax / ((qmax - qmin) / 2), eps)
+    symmetric:   amax = max(-min', max'); s = floor(amax / ((qmax - qmin) / 2))
                  z = 0 (signed) or (qmin + qmax + 1) // 2 (unsigned; 128 for uint8, as torch.ao)
-    fp8:         s = max(amax / fp_max, eps), z = 0
+    fp8:         s = floor(amax / fp_max), z = 0
     power of two: s = 2^ceil(log2(s)) (exact, via frexp), applied before z is computed.
 
-Zero range (min == max == 0, or any range below eps * (qmax - qmin)) gives s = eps
-(float32 machine epsilon, torch.ao's convention): never 0, NaN or Inf.
+The floor is relative to the tensor: floor(r) = max(r, TINY) for r > 0, so a tensor of magnitude 1e-8 keeps all
+its levels (torch.ao's absolute floor, float32 eps = 1.19e-7, would code it as zero); TINY is the smallest normal
+float32 (1.18e-38), the smallest scale onnxruntime and the other engines take without denormals. A zero range
+(min == max == 0) gives s = eps (float32 machine epsilon, torch.ao's convention: any scale codes zero exactly,
+and eps keeps products such as a bias scale s_in * s_w normal). Never 0, NaN or Inf.
 NaN or Inf in min/max raises DataError; a never-observed range (min > max, e.g. the observer's
 initial +inf/-inf) raises CalibrationError.
 """
@@ -23,7 +26,13 @@ import torch
 from netquant.core.spec import QuantSpec, ScaleConstraint
 from netquant.errors import CalibrationError, DataError
 
-EPS = torch.finfo(torch.float32).eps
+EPS = torch.finfo(torch.float32).eps  # the scale of a zero range
+TINY = torch.finfo(torch.float32).tiny  # 2**-126, the smallest normal float32: the least scale of a non-zero range
+
+
+def scale_floor(raw: torch.Tensor) -> torch.Tensor:
+    """raw (range / levels) floored relative to the tensor: max(raw, TINY) where raw > 0, EPS where the range is 0."""
+    return torch.where(raw > 0, torch.clamp(raw, min=TINY), torch.full_like(raw, EPS))
 
 
 @dataclass(frozen=True)
@@ -79,24 +88,23 @@ def choose_qparams(min_val: torch.Tensor | float, max_val: torch.Tensor | float,
     min_neg = torch.minimum(lo, zero)
     max_pos = torch.maximum(hi, zero)
     qmin, qmax = spec.qmin, spec.qmax
-    eps = torch.tensor(EPS, dtype=torch.float32, device=lo.device)
     pow2 = spec.scale_constraint is ScaleConstraint.POWER_OF_TWO
 
     if spec.is_float:
         amax = torch.maximum(-min_neg, max_pos)
-        scale = torch.maximum(amax / spec.fp_max, eps)
+        scale = scale_floor(amax / spec.fp_max)
         if pow2:
             scale = pow2_ceil(scale)
         zp = torch.zeros(scale.shape, dtype=torch.int32, device=scale.device)
     elif spec.symmetric:
         amax = torch.maximum(-min_neg, max_pos)
-        scale = torch.maximum(amax / (float(qmax - qmin) / 2), eps)
+        scale = scale_floor(amax / (float(qmax - qmin) / 2))
         if pow2:
             scale = pow2_ceil(scale)
         mid = 0 if spec.signed else (qmin + qmax + 1) // 2
         zp = torch.full(scale.shape, mid, dtype=torch.int32, device=scale.device)
     else:
-        scale = torch.maximum((max_pos - min_neg) / float(qmax - qmin), eps)
+        scale = scale_floor((max_pos - min_neg) / float(qmax - qmin))
         if pow2:
             scale = pow2_ceil(scale)
         zp = qmin - torch.round(min_neg / scale).to(torch.int32)

@@ -264,6 +264,19 @@ def array_files(path: Path) -> list[Path]:
     return sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in (".npy", ".npz"))
 
 
+def calibration_files(source: str | Path) -> list[Path]:
+    """Every file load_calibration(source) may read: the .npy / .npz file given, or the array and image files
+    of a folder (none for 'random' or a missing path). The output plan treats them as inputs."""
+    if str(source) == "random":
+        return []
+    path = Path(source)
+    if path.is_file():
+        return [path]
+    if path.is_dir():
+        return sorted({*array_files(path), *image_files(path)})
+    return []
+
+
 def load_arrays(path: str | Path, inputs: Sequence[ModelInput], limit: int | None = None) -> dict[str, np.ndarray]:
     """Samples from .npy / .npz files (a file or a folder of them), stacked per model input."""
     path = Path(path)

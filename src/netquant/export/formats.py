@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from netquant.errors import ConfigError
+
 
 class ExportKind(enum.StrEnum):
     """Which file QuantizedModel.export writes (the platform decides the QDQ flavour)."""
@@ -22,9 +24,27 @@ class ExportKind(enum.StrEnum):
     NCNN = "ncnn"  # ncnn int8 model: .param + .bin + ncnn's int8 .table (a .param path)
 
     @classmethod
-    def for_path(cls, path: str | os.PathLike[str]) -> ExportKind:
-        """The model format a path asks for: .xml OpenVINO IR, .tflite TFLite, .param ncnn, anything else ONNX QDQ."""
-        return _BY_SUFFIX.get(Path(path).suffix.lower(), cls.QDQ)
+    def for_path(cls, path: str | os.PathLike[str], models_only: bool = False, option: str = "export path"
+                 ) -> ExportKind:
+        """The format a path's suffix asks for: .onnx ONNX QDQ, .xml OpenVINO IR, .tflite TFLite, .param ncnn,
+        .json quant-params JSON, .cache TensorRT calibration cache (models_only: the model formats only).
+
+        ConfigError naming the path for any other suffix (.bin is a companion, not a model; no suffix is no
+        format): nothing is written under a name its readers would misread."""
+        if Path(path).name == "-":
+            raise ConfigError(f"{option} '-': netquant writes files, not standard output; give a file name")
+        kind = _BY_SUFFIX.get(Path(path).suffix.lower())
+        if kind is None or (models_only and kind not in MODEL_KINDS):
+            known = {k: v for k, v in _BY_SUFFIX.items() if not models_only or v in MODEL_KINDS}
+            raise ConfigError(f"{option} '{path}': the suffix '{Path(path).suffix or '(none)'}' names no format "
+                              f"netquant writes; use {', '.join(f'{k} ({v.label})' for k, v in known.items())}")
+        return kind
+
+    @property
+    def label(self) -> str:
+        return {ExportKind.QDQ: "ONNX QDQ", ExportKind.JSON: "quant-params JSON",
+                ExportKind.TENSORRT_CACHE: "TensorRT calibration cache", ExportKind.OPENVINO_IR: "OpenVINO IR",
+                ExportKind.TFLITE: "TFLite", ExportKind.NCNN: "ncnn"}[self]
 
     @property
     def engine(self) -> str:
@@ -45,7 +65,9 @@ class Companion:
         return Path(path).with_suffix(self.suffix)
 
 
-_BY_SUFFIX = {".xml": ExportKind.OPENVINO_IR, ".tflite": ExportKind.TFLITE, ".param": ExportKind.NCNN}
+_BY_SUFFIX = {".onnx": ExportKind.QDQ, ".xml": ExportKind.OPENVINO_IR, ".tflite": ExportKind.TFLITE,
+              ".param": ExportKind.NCNN, ".json": ExportKind.JSON, ".cache": ExportKind.TENSORRT_CACHE}
+MODEL_KINDS = (ExportKind.QDQ, ExportKind.OPENVINO_IR, ExportKind.TFLITE, ExportKind.NCNN)  # what `-o` writes
 
 COMPANIONS: dict[ExportKind, tuple[Companion, ...]] = {
     ExportKind.OPENVINO_IR: (Companion(".bin", "bin_path", "OpenVINO IR weights"),),

@@ -115,6 +115,14 @@ class Agreement:
     ort_vs_fp32: float
     fake_quant_vs_fp32: float
     max_abs_diff: float
+    engine_max_abs: float = 0.0
+    fp32_max_abs: float = 0.0
+
+    @property
+    def zero_output(self) -> bool:
+        """The engine's output is all zero while FP32's is not (a normal float32 value, >= 1.18e-38, somewhere):
+        the file computes nothing, however well it agrees with a fake-quant run that is zero too."""
+        return self.engine_max_abs == 0.0 and self.fp32_max_abs >= FLOAT32_TINY
 
     def accepted(self, min_cosine: float, max_error_ratio: float | None = 1.5) -> bool:
         """onnxruntime's output is as close to FP32 as the fake-quant run's: 1 - cos(ort, fp32) <=
@@ -126,6 +134,8 @@ class Agreement:
         from FP32 than netquant's simulation (saturating kernels, a broken graph) is refused. Measured in
         benchmarks/results/validation_study.md.
         """
+        if self.zero_output:
+            return False
         if max_error_ratio is None:
             return self.ort_vs_fake_quant >= min_cosine
         return 1.0 - self.ort_vs_fp32 <= max_error_ratio * (1.0 - self.fake_quant_vs_fp32) + QUALITY_MARGIN
@@ -133,6 +143,7 @@ class Agreement:
 
 DEFAULT_MAX_ERROR_RATIO = 1.5  # the engine's (1 - cosine vs FP32) may exceed the simulation's by this factor ...
 QUALITY_MARGIN = 0.002  # ... plus this much
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32: below it engines may flush to zero
 
 
 def _run_ort(sess: Any, feeds: dict[str, np.ndarray], where: str) -> list[np.ndarray]:
@@ -197,6 +208,7 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     result: dict[str, Agreement] = {}
     for name, e in runs.items():
         result[name] = agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("ort", "fq", "fp")))
+    refuse_zero_outputs(result, where, "onnxruntime")
     detail = rejected(result, min_cosine, max_error_ratio)
     if detail:
         raise ExportError(f"exported model for '{where}' disagrees with netquant's fake-quant executor over "
@@ -212,7 +224,20 @@ def agreement_of(engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> Ag
     if not np.issubdtype(engine_y.dtype, np.floating):
         same = float(np.array_equal(engine_y, fq_y))
         return Agreement(same, same, same, diff)
-    return Agreement(cosine(engine_y, fq_y), cosine(engine_y, fp_y), cosine(fq_y, fp_y), diff)
+    peak = (float(np.abs(y.astype(np.float64)).max(initial=0)) for y in (engine_y, fp_y))
+    return Agreement(cosine(engine_y, fq_y), cosine(engine_y, fp_y), cosine(fq_y, fp_y), diff, *peak)
+
+
+def refuse_zero_outputs(result: Mapping[str, Agreement], where: str, engine: str) -> None:
+    """ExportError naming each float output that is all zero in the engine while FP32's is not (see
+    Agreement.zero_output): such a file would pass any comparison with a fake-quant run that is zero too."""
+    zero = {k: a for k, a in result.items() if a.zero_output}
+    if zero:
+        detail = ", ".join(f"'{k}' (max |FP32| {a.fp32_max_abs:.3g})" for k, a in zero.items())
+        raise ExportError(f"exported model for '{where}': output {detail} is all zero in {engine} while the FP32 "
+                          "model's is not; its quantization codes the signal as zero (tensors far smaller than "
+                          "their scales). Check the calibration data's magnitude, keep the ops `layer_report` "
+                          "names in float (force_fp32 / --fp32-ops). No file written.")
 
 
 def rejected(result: Mapping[str, Agreement], min_cosine: float, max_error_ratio: float | None) -> str:

@@ -77,6 +77,11 @@ def graph_from_proto(gp: onnx.GraphProto, opset_imports: dict[str, int], outer: 
                 name = f"{base}_{k}"
                 k += 1
         taken.add(name)
+        texts = [name, np_.op_type, np_.domain, *np_.input, *np_.output]
+        if any(isinstance(t, bytes) for t in texts):  # protobuf hands invalid UTF-8 of proto2 strings over as bytes
+            bad = next(t for t in texts if isinstance(t, bytes))
+            raise ModelError(f"{where}: node {i} of graph '{graph.name}' has a name, op type or value name that is "
+                             f"not valid UTF-8 ({bad!r}); the file is corrupt: export the model again")
         node = Node(name=name, op_type=np_.op_type, domain=np_.domain, inputs=list(np_.input),
                     outputs=list(np_.output), doc_string=np_.doc_string)
         for attr in np_.attribute:

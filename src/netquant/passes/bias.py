@@ -24,7 +24,7 @@ from typing import ClassVar
 
 import torch
 
-from netquant.core.qparams import QParams, pow2_ceil
+from netquant.core.qparams import TINY, QParams, pow2_ceil
 from netquant.core.spec import QuantSpec, ScaleConstraint
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.graph.op_config import OpQuantConfig, TensorRole
@@ -148,6 +148,15 @@ class BiasPass(PassBase):
             a_params, w_params = a_cfg.effective_params, w_cfg.effective_params
             assert a_params is not None and w_params is not None
             scale = (a_params.scale.reshape(()) * w_params.scale).to(torch.float32)
+            underflow = (scale < TINY) & (a_params.scale.reshape(()) > 0) & (w_params.scale > 0)
+            if bool(underflow.any()):  # s_in, s_w > 0 but s_in * s_w below float32's normal range
+                msg = (f"bias '{b_cfg.name}' of {oc.op.op_type} '{oc.op.name}' stays float: its int32 scale "
+                       f"s_in * s_w = {float(scale[underflow].min()):.3g} is below float32's normal range (tensors of "
+                       "magnitude ~1e-20 or smaller)")
+                qgraph.warnings.append(msg)
+                warnings.warn(msg, BiasOverflowWarning, stacklevel=2)
+                b_cfg.state = QuantState.FP32
+                continue
             b_cfg.params = QParams(scale=scale, zero_point=torch.zeros(scale.shape, dtype=torch.int32))
             b_cfg.state = QuantState.PASSIVE
             bias = index.constant(oc.op.inputs[oc.inputs.index(b_cfg)])

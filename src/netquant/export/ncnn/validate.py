@@ -12,7 +12,7 @@ import torch
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.ncnn.runner import NcnnRunner, as_numpy
-from netquant.export.validate import Agreement, agreement_of, cosine, rejected
+from netquant.export.validate import Agreement, agreement_of, cosine, refuse_zero_outputs, rejected
 from netquant.passes.quant_graph import QuantizedGraph
 
 MIN_CONVERSION_COSINE = 0.9999  # pnnx's FP32 ncnn model vs netquant's FP32 executor, every output
@@ -74,6 +74,7 @@ def validate_ncnn(qgraph: QuantizedGraph, int8: NcnnRunner, fp32: NcnnRunner | N
         raise ExportError(f"pnnx's FP32 ncnn model of '{where}' does not compute the source model (cosine vs "
                           f"netquant's FP32 executor {detail} < {MIN_CONVERSION_COSINE}); an op pnnx converts "
                           "differently. No file written.")
+    refuse_zero_outputs(agreement, where, "ncnn")
     detail = rejected(agreement, min_cosine, max_error_ratio)
     if detail:
         raise ExportError(f"ncnn int8 model '{where}' disagrees with netquant's fake-quant executor over "

@@ -17,7 +17,13 @@ import torch
 from netquant.errors import ExportError
 from netquant.export.tflite import layout
 from netquant.export.tflite.schema import interpreter_class
-from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO, Agreement, agreement_of, rejected
+from netquant.export.validate import (
+    DEFAULT_MAX_ERROR_RATIO,
+    Agreement,
+    agreement_of,
+    refuse_zero_outputs,
+    rejected,
+)
 from netquant.passes.quant_graph import QuantizedGraph
 
 NATIVE_INFO = ("INFO: ",)  # LiteRT's C++ log lines of a normal load ("INFO: Created TensorFlow Lite XNNPACK ...")
@@ -124,6 +130,7 @@ def compare_with_litert(qgraph: QuantizedGraph, interp: Any, batches: Sequence[d
     result: dict[str, Agreement] = {}
     for name, e in runs.items():
         result[name] = agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("lite", "fq", "fp")))
+    refuse_zero_outputs(result, where, "LiteRT")
     detail = rejected(result, min_cosine, max_error_ratio)
     if detail:
         raise ExportError(f"exported TFLite model for '{where}' is farther from FP32 in LiteRT than netquant's "
