@@ -604,7 +604,7 @@ def run_case(case: Case, workdir: Path, limit_s: float = 20.0) -> Result:
                 if case.category is Category.TINY:  # one sample per batch: fits a static batch dim of 1
                     calib = [{k: v[i:i + 1] for k, v in calib.items()} for i in range(4)]
                 qm = quantize_onnx(case.model, calib, quiet=True)
-                qm.export(folder / "q.onnx")  # validated against onnxruntime on a batch before it is written
+                qm.export(folder / "q.onnx", allow_float=True)  # validated against onnxruntime on a batch before it is written
                 written.add("q.onnx")
             else:
                 outcome, detail = _run_cli(case, folder, rng)
@@ -658,7 +658,8 @@ def _invoke(args: list[str]) -> tuple[Outcome, str]:
 
     from netquant.cli.main import cli
 
-    result = CliRunner().invoke(cli, ["quantize", *args])
+    # (--allow-float: many fuzz models have nothing onnxruntime runs in INT8; the float policy has its own tests)
+    result = CliRunner().invoke(cli, ["quantize", *args, "--allow-float"])
     if result.exit_code == 0:
         return Outcome.OK, ""
     exc = result.exception
@@ -681,7 +682,7 @@ def _run_placement(case: Case, folder: Path, rng: np.random.Generator, protected
     placement.write_text(edit_placement(placement.read_text(), case.setup, rng))
     protected["p.json"] = placement.read_bytes()
     if case.door is Door.QUANTIZE:
-        quantize_onnx(case.model, calib, quiet=True, placement_from=placement).export(folder / "q.onnx")
+        quantize_onnx(case.model, calib, quiet=True, placement_from=placement).export(folder / "q.onnx", allow_float=True)
         outcome, detail = Outcome.OK, ""
     else:
         (folder / "m.onnx").write_bytes(case.model)
@@ -723,7 +724,7 @@ def _run_companion(case: Case, folder: Path, protected: dict[str, bytes | None])
                 os.chdir(here)
             qm.export(model.resolve(), format="json")
             return Outcome.ACCEPTED_INVALID, "wrote over the source model", set()
-        quantize_onnx(case.model, samples, quiet=True).export(folder / "m.xml", overwrite=allowed)
+        quantize_onnx(case.model, samples, quiet=True).export(folder / "m.xml", overwrite=allowed, allow_float=True)
         outcome, detail, out = Outcome.OK, "", {"m.xml", "m.bin"}
     else:
         args = [str(model), "--calib", str(calib if "image" not in scenario else folder), "-q"]

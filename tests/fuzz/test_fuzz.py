@@ -16,11 +16,6 @@ from tests.fuzz.fuzzgen import Category, Door, Outcome, make_case, run_cases
 
 DEFAULT_SEEDS, SLOW_SEEDS = range(0, 300), range(300, 5300)
 CHUNK = 50
-# Families whose known failures are fixed on another branch of issue 19 ("The rest found": malformed placement
-# files end in tracebacks or are accepted; initializers listed as graph inputs fail at export). Their failures
-# make a chunk xfail, naming each case, instead of failing it; every other failure fails. Remove when merged.
-OPEN = {Category.PLACEMENT_FILE: "malformed placement files (issue 19, 'The rest found')",
-        Category.INIT_INPUT: "initializers that are also graph inputs (issue 19, 'The rest found')"}
 
 
 def _check(seeds: range, tmp_path: Path) -> None:
@@ -30,10 +25,7 @@ def _check(seeds: range, tmp_path: Path) -> None:
     report = "\n".join(f"seed {r.case.seed} [{r.case.category.value} via {r.case.door.value}] {r.case.what}: "
                        f"{r.outcome.value} {r.detail}" for r in tally.bad)
     assert list(tmp_path.iterdir()) == []
-    unexpected = [r for r in tally.bad if r.case.category not in OPEN]
-    assert not unexpected, f"{len(tally.bad)} of {tally.total} fuzz cases went wrong:\n{report}"
-    if tally.bad:
-        pytest.xfail(f"{len(tally.bad)} known-open case(s) of {', '.join(sorted({OPEN[r.case.category] for r in tally.bad}))}:\n{report}")
+    assert not tally.bad, f"{len(tally.bad)} of {tally.total} fuzz cases went wrong:\n{report}"
 
 
 @pytest.mark.parametrize("start", range(DEFAULT_SEEDS.start, DEFAULT_SEEDS.stop, CHUNK))

@@ -26,7 +26,8 @@ def model(tmp_path: Path) -> Path:
 
 
 def quantize(*args: str | Path) -> object:
-    return CliRunner().invoke(cli, ["quantize", *map(str, args)], catch_exceptions=False)
+    # (--allow-float: the tiny models here keep ops onnxruntime runs faster in float; these tests are about files)
+    return CliRunner().invoke(cli, ["quantize", *map(str, args), "--allow-float"], catch_exceptions=False)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:
@@ -87,9 +88,9 @@ def test_api_export_keeps_unnamed_companions_and_picks_formats_by_suffix(model: 
     qm = netquant.quantize_onnx(str(model), [images(1, s) for s in range(4)], quiet=True)
     (tmp_path / "a.bin").write_bytes(b"other")
     with pytest.raises(ExportError, match=r"'.*a\.bin'.*already exists.*overwrite=True"):
-        qm.export(tmp_path / "a.xml")
+        qm.export(tmp_path / "a.xml", allow_float=True)
     with pytest.raises(ExportError, match="'.*a.bin'"):
-        qm.export(tmp_path / "a.param")
+        qm.export(tmp_path / "a.param", allow_float=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.bin", "m.onnx"]
     with pytest.raises(ConfigError, match="'.*q.bin'.*names no format"):
         qm.export(tmp_path / "q.bin")
@@ -105,11 +106,11 @@ def test_api_export_keeps_unnamed_companions_and_picks_formats_by_suffix(model: 
 def test_api_export_replaces_companions_when_named_or_allowed(model: Path, tmp_path: Path) -> None:
     pytest.importorskip("openvino")
     qm = netquant.quantize_onnx(str(model), [images(1, s) for s in range(4)], quiet=True)
-    qm.export(tmp_path / "a.xml")
+    qm.export(tmp_path / "a.xml", allow_float=True)
     with pytest.raises(ExportError, match="a.bin"):  # a second export: its .bin exists now
-        qm.export(tmp_path / "a.xml")
-    qm.export(tmp_path / "a.xml", overwrite=True)
-    qm.export(tmp_path / "a.xml", bin_path=tmp_path / "a.bin")  # named: the caller asked for it
+        qm.export(tmp_path / "a.xml", allow_float=True)
+    qm.export(tmp_path / "a.xml", overwrite=True, allow_float=True)
+    qm.export(tmp_path / "a.xml", bin_path=tmp_path / "a.bin", allow_float=True)  # named: the caller asked for it
     x = images(1, seed=5)
     y = openvino_outputs(tmp_path / "a.xml", x)
     assert np.corrcoef(y.ravel(), qm.run({"x": x})["y"].numpy().ravel())[0, 1] > 0.99

@@ -239,6 +239,9 @@ class Placement:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ConfigError(f"'{path}' is not a netquant placement file (format '{FORMAT}' expected)")
         _check_fields(data, _PLACEMENT_FIELDS, f"placement file '{path}'")
+        if data["max_loss"] is not None and not math.isfinite(data["max_loss"]):
+            raise ConfigError(f"placement file '{path}': max_loss {data['max_loss']} is not a finite number; fix the "
+                              "file or write it again with --placement")
         if not isinstance(data["regions"], list):
             raise ConfigError(f"placement file '{path}': 'regions' must be a list of region decisions, got "
                               f"{type(data['regions']).__name__}; write the file again with --placement")
