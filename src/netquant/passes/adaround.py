@@ -51,6 +51,7 @@ from netquant.passes.quant_graph import (
     emits,
     fake_quant,
 )
+from netquant.platforms.threads import thread_scope
 
 ZETA, GAMMA = 1.1, -0.1
 OPS = ("Conv", "Gemm", "MatMul")
@@ -198,6 +199,12 @@ class AdaRoundPass(PassBase):
 
     # ---- the pass --------------------------------------------------------------------------------
     def run(self, ctx: PassContext) -> None:
+        # one thread: the learned codes and the keep decisions must not follow the machine's load (the thread policy
+        # sizes torch's threads to what is free, and float reductions round differently with another thread count)
+        with thread_scope(1):
+            self._run(ctx)
+
+    def _run(self, ctx: PassContext) -> None:
         qgraph = ctx.quantized
         assert ctx.calib_data is not None
         self.results, self.guard_kept = [], None

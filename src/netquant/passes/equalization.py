@@ -52,6 +52,7 @@ from netquant.passes.rescale import (
     scale_in_channels,
     set_input,
 )
+from netquant.platforms.threads import thread_scope
 
 
 class ClipMode(enum.Enum):
@@ -207,6 +208,10 @@ class EqualizationPass(PassBase):
             self.clip = ClipMode(self.clip)
 
     def run(self, ctx: PassContext) -> None:
+        with thread_scope(1):  # the search's floats (and so its choices) must not follow the machine's load
+            self._run(ctx)
+
+    def _run(self, ctx: PassContext) -> None:
         graph = ctx.graph
         self.results = []
         pairs = find_pairs(graph, self.clip)

@@ -87,14 +87,16 @@ class RoundedWeight:
 class RepairRecord:
     """What one repair pass changed at one place (passes.smoothquant, passes.equalization, passes.adaround):
     `repair` the pass name, `ops` the ops whose weights (or norm parameters) changed, `values` its numbers
-    (strength, error before / after, ...). Written to the quant-params JSON."""
+    (strength, error before / after, ...). Written to the quant-params JSON, floats to 6 significant digits (their
+    last bits follow the thread count of the reductions that measured them; the file's bytes do not)."""
 
     repair: str
     ops: tuple[str, ...]
     values: tuple[tuple[str, float | int | str], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"repair": self.repair, "ops": list(self.ops), **dict(self.values)}
+        values = {k: float(f"{v:.6g}") if isinstance(v, float) else v for k, v in self.values}
+        return {"repair": self.repair, "ops": list(self.ops), **values}
 
 
 _CODES: weakref.WeakKeyDictionary[TensorQuantConfig, tuple[Any, ...]] = weakref.WeakKeyDictionary()

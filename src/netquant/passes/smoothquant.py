@@ -46,6 +46,7 @@ from netquant.passes.rescale import (
     scale_in_channels,
     set_input,
 )
+from netquant.platforms.threads import thread_scope
 
 DEFAULT_ALPHAS = tuple(round(0.1 * i, 1) for i in range(1, 10))  # 0.1 .. 0.9
 EPS = 1e-8
@@ -121,6 +122,10 @@ class SmoothQuantPass(PassBase):
             raise ConfigError("SmoothQuantPass max_batches, sample_rows and sample_images must be >= 1")
 
     def run(self, ctx: PassContext) -> None:
+        with thread_scope(1):  # the search's floats (and so its choices) must not follow the machine's load
+            self._run(ctx)
+
+    def _run(self, ctx: PassContext) -> None:
         assert ctx.calib_data is not None
         platform = ctx.settings.effective_platform()
         self.results = []
