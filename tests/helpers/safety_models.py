@@ -110,3 +110,13 @@ def ort_run(path_or_model: object, feeds: dict[str, np.ndarray]) -> list[np.ndar
 
     src = path_or_model.SerializeToString() if isinstance(path_or_model, onnx.ModelProto) else str(path_or_model)
     return ort.InferenceSession(src, providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def quantize_cli(*args: object) -> object:
+    """`netquant quantize ARGS --allow-float` in-process (the tiny models here keep ops onnxruntime runs faster in
+    float; the tests using it are about files, not placement)."""
+    from click.testing import CliRunner
+
+    from netquant.cli.main import cli
+
+    return CliRunner().invoke(cli, ["quantize", *map(str, args), "--allow-float"], catch_exceptions=False)

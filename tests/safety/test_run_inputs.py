@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from click.testing import CliRunner
 from PIL import Image
 
 import netquant
-from netquant.cli.main import cli
 from netquant.data.calib import calibration_files
 from netquant.errors import ExportError
-from tests.helpers.safety_models import conv_relu, images
+from tests.helpers.safety_models import conv_relu, images, quantize_cli
+
+quantize = quantize_cli
 
 
 @pytest.fixture()
@@ -25,11 +25,6 @@ def model(tmp_path: Path) -> Path:
     path = tmp_path / "m.onnx"
     onnx.save(conv_relu(), path)
     return path
-
-
-def quantize(*args: str | Path) -> object:
-    # (--allow-float: the tiny models here keep ops onnxruntime runs faster in float; these tests are about files)
-    return CliRunner().invoke(cli, ["quantize", *map(str, args), "--allow-float"], catch_exceptions=False)
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

@@ -153,16 +153,7 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
     if not replaced:
         return 0
     outputs = {o.name for o in graph.output}
-    nodes = []
-    for n in graph.node:
-        if id(n) in replaced:
-            nodes.extend(replaced[id(n)])
-        elif n.op_type == "DequantizeLinear" and readers[n.output[0]] <= 0 and n.output[0] not in outputs:
-            continue  # the table's DequantizeLinear no node reads any more
-        else:
-            nodes.append(n)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    nodes = _splice(graph, replaced, readers)
     used = {i for n in nodes for i in n.input}
     keep = [t for t in graph.initializer if t.name in used or t.name in outputs]
     del graph.initializer[:]
@@ -241,15 +232,24 @@ def q_attention(model: onnx.ModelProto) -> int:
         readers[dq_w.output[0]] -= 1
     if not replaced:
         return 0
+    _splice(graph, {k: [v] for k, v in replaced.items()}, readers)
+    return len(replaced)
+
+
+def _splice(graph: onnx.GraphProto, replaced: dict[int, list[onnx.NodeProto]], readers: dict[str, int]
+            ) -> list[onnx.NodeProto]:
+    """The graph's nodes with each replaced one (by id) swapped for its new nodes, and the DequantizeLinear nodes no
+    node reads any more (readers count 0, not a graph output) dropped; written back to `graph` and returned."""
     outputs = {o.name for o in graph.output}
-    nodes = []
+    nodes: list[onnx.NodeProto] = []
     for n in graph.node:
         if id(n) in replaced:
-            nodes.append(replaced[id(n)])
+            nodes.extend(replaced[id(n)])
         elif n.op_type == "DequantizeLinear" and readers[n.output[0]] <= 0 and n.output[0] not in outputs:
             continue
         else:
             nodes.append(n)
     del graph.node[:]
     graph.node.extend(nodes)
-    return len(replaced)
+    return nodes
+
