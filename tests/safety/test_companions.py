@@ -7,22 +7,14 @@ import stat
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 
 import netquant
 from netquant.errors import ConfigError, ExportError
 from netquant.export.formats import ExportKind
-from tests.helpers.safety_models import conv_relu, images, quantize_cli
+from tests.helpers.safety_models import images, quantize_cli
 
 quantize = quantize_cli
-
-
-@pytest.fixture()
-def model(tmp_path: Path) -> Path:
-    path = tmp_path / "m.onnx"
-    onnx.save(conv_relu(), path)
-    return path
 
 
 def snapshot(folder: Path) -> dict[str, bytes]:

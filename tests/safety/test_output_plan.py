@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import onnx
 import pytest
 from click.testing import CliRunner
 
@@ -18,14 +17,7 @@ from netquant.atomic import atomic_path
 from netquant.cli.main import cli
 from netquant.errors import ConfigError, ExportError
 from netquant.outputs import OutputPlan
-from tests.helpers.safety_models import conv_relu, images, ort_run
-
-
-@pytest.fixture()
-def model(tmp_path: Path) -> Path:
-    path = tmp_path / "m.onnx"
-    onnx.save(conv_relu(), path)
-    return path
+from tests.helpers.safety_models import images, ort_run
 
 
 def quantize(*args: str | Path) -> object:

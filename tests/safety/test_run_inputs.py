@@ -20,13 +20,6 @@ from tests.helpers.safety_models import conv_relu, images, quantize_cli
 quantize = quantize_cli
 
 
-@pytest.fixture()
-def model(tmp_path: Path) -> Path:
-    path = tmp_path / "m.onnx"
-    onnx.save(conv_relu(), path)
-    return path
-
-
 def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
