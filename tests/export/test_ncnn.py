@@ -274,3 +274,18 @@ def test_ncnn_export_is_deterministic_and_writes_the_fp32_model_the_table_names(
     with torch.no_grad():
         fp = quantized.run({"x": torch.from_numpy(x)}, fake_quant=False)["y"].numpy()
     np.testing.assert_allclose(_ncnn_run(tmp_path / "fp32.param", x, int8=False), fp, rtol=1e-4, atol=1e-5)
+
+
+def test_ncnn_export_of_an_ir14_model_lowers_the_ir_for_pnnx(tmp_path):
+    """onnx >= 1.20 writes IR 14, which crashes pnnx's bundled onnxruntime: the converter gets the opsets' IR."""
+    from netquant.export.ncnn.pnnx_convert import ir_version_for_pnnx
+
+    model = small_net()
+    model.ir_version = 14
+    assert ir_version_for_pnnx(model) == 7  # opset 13 needs IR 7
+    x = np.random.default_rng(2).standard_normal((16, 3, 16, 16)).astype(np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(model, [x], platform="ncnn_int8", quiet=True)
+    report = export_ncnn(qm, tmp_path / "ir14.param")
+    assert min(report.output_cosine.values()) > 0.999

@@ -41,10 +41,20 @@ class Fp32Ncnn:
     log: str
 
 
+def ir_version_for_pnnx(model: onnx.ModelProto) -> int:
+    """The lowest IR version that holds `model`'s opsets: pnnx's bundled onnxruntime crashes on newer IR versions
+    (IR 14 from onnx >= 1.20 segfaults it) although the graph itself needs nothing past its opsets' IR."""
+    return min(int(model.ir_version), onnx.helper.find_min_ir_version_for(list(model.opset_import)))
+
+
 def pnnx_convert(model: onnx.ModelProto, input_shapes: Sequence[Sequence[int]], where: str,
                  timeout_s: float = 600.0) -> Fp32Ncnn:
-    """Run pnnx on `model` (saved to a temp folder) with fixed input shapes; float32 weights (fp16=0)."""
+    """Run pnnx on `model` (saved to a temp folder, IR lowered by `ir_version_for_pnnx`) with fixed input shapes;
+    float32 weights (fp16=0)."""
     _, exe = require_engine()
+    if model.ir_version != ir_version_for_pnnx(model):
+        model = onnx.ModelProto.FromString(model.SerializeToString())
+        model.ir_version = ir_version_for_pnnx(model)
     shapes = ",".join("[" + ",".join(str(int(d)) for d in s) + "]" for s in input_shapes)
     with tempfile.TemporaryDirectory(prefix="netquant-pnnx-") as tmp:
         work = Path(tmp)
