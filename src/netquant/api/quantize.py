@@ -145,7 +145,7 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
     for an error metric), placement_from;
-    see netquant.api.placement; min_cosine: the lowest output cosine vs FP32 an export may have in its engine
+    see netquant.analysis.placement; min_cosine: the lowest output cosine vs FP32 an export may have in its engine
     (export.fidelity); allow_float / min_int8_fraction: see api.float_result).
     The model's exports raise FloatResultError when no region runs in INT8 (or fewer than min_int8_fraction), unless
     allow_float=True or objective='latency'.
@@ -190,7 +190,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
-    from netquant.api.placement import applies, place
+    from netquant.analysis.placement import applies, place
 
     wide = None
     if widens and run.calib_data is not None and run.calib_data.num_batches is not None:

@@ -17,7 +17,7 @@ from netquant.platforms.targets import CpuTarget, WeightScheme
 
 
 class Objective(enum.StrEnum):
-    """What automatic placement (api.placement) optimises, from per-region INT8 and FP32 times measured in the target
+    """What automatic placement (analysis.placement) optimises, from per-region INT8 and FP32 times measured in the target
     engine and the output loss of the calibration data.
 
     LATENCY: the fastest model (every region measured slower in INT8 stays float; no accuracy budget unless max_loss
