@@ -49,8 +49,9 @@ from netquant.analysis.placement.records import (
            Reason,
            RegionDecision,
 )
+from netquant.analysis.placement.repair import Requantize, place_with_repair, try_repairs
 from netquant.analysis.placement.search import applies, place, search_placement, timed
 
 __all__ = ["DECISIONS", "DEFAULT_MAX_LOSS", "DYNAMIC", "FLOAT", "INT8", "MIN_WEIGHTS", "WIDER", "WIDER_SHARE", "AccuracyBudget",
-           "Placement", "Reason", "RegionDecision", "WideFactory", "applies", "apply_placement_file", "batch_axis",
-           "model_hash", "place", "search_placement", "timed"]
+           "Placement", "Reason", "RegionDecision", "RepairTrial", "Requantize", "WideFactory", "applies", "apply_placement_file", "batch_axis",
+           "model_hash", "place", "place_with_repair", "search_placement", "timed", "try_repairs"]

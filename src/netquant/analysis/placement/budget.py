@@ -6,14 +6,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from netquant.analysis.placement.constants import SENSITIVITY_SAMPLES, WIDER_SHARE
+from netquant.analysis.placement.constants import RANKED_REGIONS, SENSITIVITY_SAMPLES, WIDER_SHARE
 from netquant.analysis.placement.inputs import first_samples
 from netquant.analysis.placement.measure import SearchState
 from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
 from netquant.analysis.wider import check_twin, widen
 from netquant.errors import ConfigError
 from netquant.passes.quant_graph import QuantizedGraph
-from netquant.passes.settings import Objective
+from netquant.passes.settings import Effort, Objective, QuantSettings
+from netquant.platforms.threads import thread_scope
 
 # the wide-format graph of a model (the same model calibrated with Platform.widened()), built when first needed
 WideFactory = Callable[[], QuantizedGraph]
@@ -29,10 +30,36 @@ def wide_graph(qgraph: QuantizedGraph, wide: WideFactory | None, what: str) -> Q
     return twin
 
 
+def budget_data(qgraph: QuantizedGraph, settings: QuantSettings) -> list:
+    """The data the budget's loss runs on: eval_data (with a metric), else the first SENSITIVITY_SAMPLES samples of
+    the first kept calibration batch."""
+    if settings.eval_data is not None:
+        return list(settings.eval_data)
+    return [first_samples(b, qgraph, SENSITIVITY_SAMPLES)
+            for b in (qgraph.validation_batches[:1] or [qgraph.sample_inputs])]
+
+
+def loss_meter(qgraph: QuantizedGraph, settings: QuantSettings, data: list | None = None) -> LossMeter:
+    """A LossMeter of `qgraph` on the budget's data, built on one torch thread (see AccuracyBudget)."""
+    with thread_scope(1):
+        return LossMeter(qgraph, budget_data(qgraph, settings) if data is None else data, settings.metric)
+
+
+def meter_loss(meter: LossMeter, regions: list) -> float:
+    """meter.loss(regions) on one torch thread: the reductions' order, and so the loss to the last bit, is the same
+    whatever thread count the caller or the machine's load gave torch."""
+    with thread_scope(1):
+        return meter.loss(regions)
+
 
 class AccuracyBudget:
     """The accuracy budget of one search: the fake-quant loss of a float set (memoised; 0 without a budget) and the
-    greedy choice of regions to float until it is within max_loss."""
+    greedy choice of regions to float until it is within max_loss.
+
+    Its decisions depend on the model, the data and settings.effort only, never on timings or a clock: losses are
+    measured on one torch thread; the regions are ranked by their measured gain (the loss floating each saves),
+    measured for the RANKED_REGIONS[effort] noisiest regions (output NSR, every region for MAX) whatever the time
+    cap; regions not measured rank after every region with a positive measured gain, by their NSR."""
 
     def __init__(self, s: SearchState, max_loss: float | None, objective: Objective,
                  wide: WideFactory | None = None) -> None:
@@ -47,18 +74,14 @@ class AccuracyBudget:
         self.local: dict[str, float] = {}
         self.meter: LossMeter | None = None
         if max_loss is not None:
-            qgraph, settings = s.qgraph, s.settings
-            data = (list(settings.eval_data) if settings.eval_data is not None
-                    else [first_samples(b, qgraph, SENSITIVITY_SAMPLES) for b in (qgraph.validation_batches[:1]
-                                                                           or [qgraph.sample_inputs])])
-            self.meter = LossMeter(qgraph, data, settings.metric)
+            self.meter = loss_meter(s.qgraph, s.settings)
 
     def loss(self, fl: set[str] | frozenset[str]) -> float:
         key = frozenset(fl)
         if self.meter is None:
             return 0.0
         if key not in self.loss_of:
-            self.loss_of[key] = self.meter.loss([self.s.by_anchor[a] for a in sorted(fl)])
+            self.loss_of[key] = meter_loss(self.meter, [self.s.by_anchor[a] for a in sorted(fl)])
         return self.loss_of[key]
 
     def wide_loss(self, wide: set[str] | frozenset[str], fl: set[str] | frozenset[str] = frozenset()) -> float:
@@ -77,7 +100,7 @@ class AccuracyBudget:
 
     def loss_of_meter(self, fl: set[str] | frozenset[str]) -> float:
         assert self.meter is not None
-        return self.meter.loss([self.s.by_anchor[a] for a in sorted(fl)])
+        return meter_loss(self.meter, [self.s.by_anchor[a] for a in sorted(fl)])
 
     def has_wider(self) -> bool:
         return self.wide_factory is not None and self.meter is not None and self.max_loss is not None
@@ -139,15 +162,13 @@ class AccuracyBudget:
         """What keeping `a` in float saves in time (0 where not timed)."""
         return self.s.t32.get(a, 0.0) - self.s.t8.get(a, 0.0)
 
-    def score(self, a: str) -> tuple[float, str]:
-        """Greedy order: the loss floating `a` saves on top of the fixed floats, or where those were not all measured
-        within the cap, its output's noise-to-signal ratio; per ms it costs for BALANCED where times were measured."""
-        complete = all(se.gain is not None for se in self.marginal.values())
+    def score(self, a: str) -> tuple[int, float, str]:
+        """Greedy order (highest first): a region whose measured gain (the loss floating it saves vs all INT8) is
+        positive, by that gain; then the others by their output's noise-to-signal ratio. No timing enters it."""
         se = self.marginal.get(a)
-        gain = (se.gain or 0.0) if complete and se is not None else self.local.get(a, 0.0)
-        if self.objective is Objective.ACCURACY or not self.s.t32:
-            return gain, a
-        return gain / max(self.saved_ms(a), 1e-3), a
+        if se is not None and se.gain is not None and se.gain > 0:
+            return 1, se.gain, a
+        return 0, self.local.get(a, 0.0), a
 
     def fill(self, fixed: set[str], exclude: set[str]) -> set[str]:
         """Regions to float on top of `fixed`, best score first, until the loss is within max_loss."""
@@ -163,14 +184,19 @@ class AccuracyBudget:
         return extra
 
     def rank(self, left: list[str], fixed: set[str]) -> None:
-        """Measure what floating each of `left` saves on top of `fixed` (once, when the budget first needs it)."""
+        """Measure what floating each of the RANKED_REGIONS[effort] noisiest of `left` saves on top of `fixed` (once,
+        when the budget first needs it; no deadline: a fixed amount of work)."""
         if self.marginal or self.meter is None:
             return
         s = self.s
-        self.local.update(region_output_nsr(self.meter, s.regions))
-        order = sorted((s.by_anchor[a] for a in left), key=lambda r: (-self.saved_ms(r.anchor), r.anchor))
-        self.marginal.update(region_sensitivity(self.meter, order, [s.by_anchor[a] for a in sorted(fixed)],
-                                                deadline=s.deadline, only=False)[1])
+        with thread_scope(1):
+            self.local.update(region_output_nsr(self.meter, s.regions))
+        limit = RANKED_REGIONS[Effort.parse(s.settings.effort)]
+        order = sorted(left, key=lambda a: (-self.local.get(a, 0.0), a))
+        measured = [s.by_anchor[a] for a in order[:len(order) if limit is None else limit]]
+        with thread_scope(1):
+            self.marginal.update(region_sensitivity(self.meter, measured, [s.by_anchor[a] for a in sorted(fixed)],
+                                                    only=False)[1])
 
     def report(self, best: frozenset[str], deadline: float) -> dict[str, Sensitivity]:
         """Each region's sensitivity (vs all INT8) for the report, placed regions first, until `deadline`."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from netquant.passes.settings import Objective
+from netquant.passes.settings import Effort, Objective
 
 FORMAT = "netquant.placement/1"
 MAX_ROUNDS = 3
@@ -25,3 +25,6 @@ SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured o
 # semantics, 64 calibration / 200 held-out lines, FP32 100%): academic_int4 classifier at max_loss 0.02 -> 40 of 53
 # regions int8 (W8A8), 90.0% (as the 36 floats of the budget alone); 0.005 -> 50 wide, 99.5%; 0.002 -> 52, 100%
 WIDER_SHARE = 0.25
+# regions whose gain (the loss floating it saves) the budget measures, the noisiest first (None: all), per effort:
+# one fake-quant pass each on SENSITIVITY_SAMPLES samples
+RANKED_REGIONS: dict[Effort, int | None] = {Effort.FAST: 0, Effort.DEFAULT: 12, Effort.MAX: None}

@@ -15,11 +15,12 @@ from netquant.passes.quant_graph import QuantizedGraph
 
 
 def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
-                         wide: WideFactory | None = None) -> Placement:
+                         wide: WideFactory | None = None, digest: str | None = None) -> Placement:
     """Keep in float (run in the wider format) the regions a placement file says, after checking it was made for this
-    model and platform."""
+    model and platform. digest: the model's hash where `qgraph` is the model quantized again with the file's repair
+    (analysis.placement.repair; default: model_hash(qgraph))."""
     placement = Placement.load(path)
-    digest = model_hash(qgraph)
+    digest = model_hash(qgraph) if digest is None else digest
     if placement.model_sha256 != digest:
         raise ConfigError(f"placement file '{path}' was made for another model (sha256 {placement.model_sha256[:12]}"
                           f"..., this model after clean-up: {digest[:12]}...); measure again (drop placement_from / "

@@ -80,12 +80,16 @@ WIDER_FIELDS = ("wider_format", "wider_gain", "dynamic_ms")
 DECISIONS = (INT8, WIDER, FLOAT, DYNAMIC)
 
 _OPT_NUMBER, _STR, _OPT_STR = (int, float, type(None)), (str,), (str, type(None))
-_JSON_NAMES = {int: "number", float: "number", str: "string", dict: "object", list: "list", type(None): "null"}
+_JSON_NAMES = {int: "number", float: "number", str: "string", dict: "object", list: "list", type(None): "null", bool: "boolean"}
 # the JSON types of each field of a placement file (required fields first: (types, required))
 _PLACEMENT_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "model_sha256": (_STR, True), "platform": (_STR, True), "target": (_STR, True), "host": ((dict,), True),
     "objective": (_STR, True), "max_loss": (_OPT_NUMBER, True), "loss_metric": (_STR, True),
-    "regions": ((list,), True), "measured": ((dict,), False), "note": (_STR, False), "format": (_STR, True)}
+    "regions": ((list,), True), "measured": ((dict,), False), "note": (_STR, False), "format": (_STR, True),
+    "repairs": ((list,), False)}
+_REPAIR_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
+    "repair": (_STR, True), "loss_before": (_OPT_NUMBER, True), "loss_after": (_OPT_NUMBER, True),
+    "kept": ((bool,), True), "seconds": (_OPT_NUMBER, False), "scope": (_STR, False)}
 _REGION_FIELDS: dict[str, tuple[tuple[type, ...], bool]] = {
     "anchor": (_STR, True), "op_type": (_STR, True), "ops": ((list,), True), "decision": (_STR, True),
     "reason": (_STR, True), "int8_ms": (_OPT_NUMBER, False), "fp32_ms": (_OPT_NUMBER, False),
@@ -114,6 +118,28 @@ WIDER_HEADER = "loss saved if only it is wider"
 
 
 @dataclass
+class RepairTrial:
+    """One repair placement tried before floating regions (analysis.placement.repair): the all-INT8 loss without it
+    (`loss_before`) and with it (`loss_after`), whether it ships (`kept`), its seconds (quantizing again with it and
+    one loss pass) and what it changed ('model': a global repair, every region)."""
+
+    repair: str
+    loss_before: float | None
+    loss_after: float | None
+    kept: bool
+    seconds: float | None = None
+    scope: str = "model"
+
+    def describe(self) -> str:
+        """'equalization: loss 0.0297 -> 0.0150 (kept)'."""
+        def f(x: float | None) -> str:
+            return "-" if x is None else f"{x:.4g}"
+
+        return (f"{self.repair} ({self.scope}): loss {f(self.loss_before)} -> {f(self.loss_after)} "
+                f"({'kept' if self.kept else 'not kept'})")
+
+
+@dataclass
 class Placement:
     """Per-region INT8 / float decisions for one model, platform and host, with their measurements."""
 
@@ -128,6 +154,11 @@ class Placement:
     measured: dict[str, Any] = field(default_factory=dict)
     note: str = ""
     format: str = FORMAT
+    repairs: list[RepairTrial] = field(default_factory=list)
+
+    def kept_repair(self) -> str | None:
+        """The repair the shipped model was quantized with (None: plain)."""
+        return next((r.repair for r in self.repairs if r.kept), None)
 
     def float_anchors(self) -> list[str]:
         return [r.anchor for r in self.regions if r.decision == FLOAT]
@@ -143,6 +174,8 @@ class Placement:
     def to_json(self) -> str:
         data = asdict(self)
         data["regions"] = [r.as_dict() for r in self.regions]
+        if not self.repairs:
+            del data["repairs"]  # files without repairs stay as they were
         return json.dumps(data, indent=1, sort_keys=False) + "\n"
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -174,7 +207,13 @@ class Placement:
                                   f"{', '.join(DECISIONS)} (lower case); fix the file or measure again")
         try:
             regions = [RegionDecision(**r) for r in data.pop("regions")]
-            return cls(regions=regions, **data)
+            repairs = []
+            for i, r in enumerate(data.pop("repairs", [])):
+                if not isinstance(r, dict):
+                    raise ConfigError(f"placement file '{path}', repair {i}: must be a JSON object")
+                check_fields(r, _REPAIR_FIELDS, f"placement file '{path}', repair {i}")
+                repairs.append(RepairTrial(**r))
+            return cls(regions=regions, repairs=repairs, **data)
         except TypeError as exc:
             raise ConfigError(f"placement file '{path}' has unexpected fields: {exc}") from exc
 
@@ -186,6 +225,7 @@ class Placement:
                 "dynamic_regions": sum(r.decision == DYNAMIC for r in self.regions),
                 "wider_regions": sum(r.decision == WIDER for r in self.regions),
                 "float_regions": sum(r.decision == FLOAT for r in self.regions),
+                "repairs": [asdict(r) for r in self.repairs], "repair": self.kept_repair(),
                 "regions": [r.as_dict() for r in self.regions]}
 
     def markdown(self) -> str:
@@ -195,6 +235,9 @@ class Placement:
                  ""]
         if self.note:
             lines += [self.note, ""]
+        if self.repairs:
+            lines += ["Repairs tried before floating (all-INT8 loss before -> after):", ""]
+            lines += [f"- {r.describe()}" for r in self.repairs] + [""]
         if "placed_ms" not in self.measured and "loss_placed" not in self.measured and self.note:
             return "\n".join(lines)  # not measured: no decision table to show
         wider = any(r.wider_gain is not None or r.decision == WIDER for r in self.regions)

@@ -141,7 +141,16 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     """Measure and decide (module docstring); applies the decision to `qgraph` (keep_float) and returns it.
     Platforms other than onnxruntime CPU: the accuracy budget alone (_budget_only).
     search_s: the cap (default time_budget_s) where the whole-model check does not decide (INT8 slower than the
-    source, over the budget, or LATENCY): the per-region profiles and rounds then make the decision itself."""
+    source, over the budget, or LATENCY): the per-region profiles and rounds then make the decision itself.
+    measured['time_cap_s'] is the cap in force (time_budget_s, or search_s where that raised it)."""
+    placement = _search_placement(qgraph, settings, time_budget_s, source, wide, search_s)
+    if placement.regions and "not measured" not in placement.note:
+        placement.measured.setdefault("time_cap_s", round(time_budget_s, 3))
+    return placement
+
+
+def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budget_s: float,
+                      source: onnx.ModelProto | None, wide: WideFactory | None, search_s: float | None) -> Placement:
     start = time.perf_counter()
     objective = Objective.parse(settings.objective) if settings.objective is not None else Objective.BALANCED
     max_loss = settings.max_loss if settings.max_loss is not None else DEFAULT_MAX_LOSS[objective]
@@ -210,16 +219,18 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
             int8_ms -= s.t8.get(a, 0.0) - s.t32.get(a, 0.0)
         return chosen
 
-    float_speed = s.settle(speed_floats(s.slower(), p8.node_total_ms))
-
-    budget_float = budget.fill(float_speed, s.forced)
-    for _ in range(len(all_anchors)):  # a budget float onnxruntime would re-quantize is no float: choose again
-        settled = s.settle(float_speed | budget_float)
-        if settled == float_speed | budget_float:
+    # the accuracy decision first, from the model and data alone (no timing, no clock: AccuracyBudget): the regions
+    # the budget floats on top of all INT8, settled structurally (a float onnxruntime would re-quantize is no float)
+    budget_float = budget.fill(set(), set())
+    for _ in range(len(all_anchors)):
+        settled = s.settle(budget_float)
+        if settled == budget_float:
             break
-        budget_float = (settled - float_speed) | budget.fill(settled, s.forced)
-    # iterate on the candidate
-    current = float_speed | budget_float
+        budget_float = settled | budget.fill(settled, s.forced)
+    budget_float = frozenset(budget_float)
+    float_speed = s.settle(speed_floats(s.slower(), p8.node_total_ms))
+    # iterate on the candidate: the speed floats follow the timings, the budget's floats stay
+    current = s.settle(float_speed | budget_float)
     seen = {frozenset()}
     rounds = 0
     while rounds < MAX_ROUNDS and frozenset(current) not in seen and time.perf_counter() < s.deadline \
@@ -231,9 +242,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         if not forced:  # a candidate onnxruntime re-quantized is not the model we would ship
             candidates.append((prof.node_total_ms, frozenset(current)))
         speed = s.settle(speed_floats(s.slower() - s.forced, p8.node_total_ms))
-        budget_float = (budget_float - s.forced) | budget.fill(speed | (budget_float - s.forced), s.forced)
         current = s.settle(speed | budget_float)
-        budget_float &= current
     if current == all_anchors and frozenset(current) not in seen:
         candidates.append((p32.node_total_ms, frozenset(current)))
     elif frozenset(current) not in seen:  # decided but not profiled (time cap): the all-INT8 profile's total with
@@ -292,10 +301,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
     if int8_first_ok and not best:  # the shipped file is the all-INT8 one timed against the source: that ratio
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
-    if time.perf_counter() > s.deadline:  # the cap in force (search_s may have raised it) and the time really taken
-        cap, took = s.deadline - start, time.perf_counter() - start
-        placement.note = "; ".join(filter(None, [placement.note, f"time cap {cap:.2f} s reached after {took:.2f} s "
-                                                 "(the whole-model timings and the FP32 and all-INT8 profiles always "
-                                                 "run): some measurements skipped"]))
+    # the cap in force (search_s may have raised it); repair.place_with_repair compares it with the time really taken
+    placement.measured["time_cap_s"] = round(s.deadline - start, 3)
     return choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
 
