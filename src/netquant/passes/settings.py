@@ -22,7 +22,7 @@ class Objective(enum.StrEnum):
 
     LATENCY: the fastest model (every region measured slower in INT8 stays float; no accuracy budget unless max_loss
     is given); BALANCED (default): the model really in INT8, floating only the slower regions needed to be no slower
-    than FP32, then the regions that buy the most accuracy per millisecond until the loss is within max_loss (0.02);
+    than FP32, then (after repair: Effort) the regions whose float saves the most loss until the loss is within max_loss (0.02);
     ACCURACY: INT8 first as BALANCED with a 4x tighter budget, floating the most sensitive regions first.
     """
 

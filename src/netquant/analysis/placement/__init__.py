@@ -9,11 +9,13 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 3. speed: a region is "slower" where int8_ms > 1.05 fp32_ms + 2 us (the profiler's noise). LATENCY keeps every
    slower region float; BALANCED and ACCURACY put the model really in INT8: they float only the slower regions
    needed (largest INT8 excess first) for the model to be no slower than FP32, the rest stay INT8;
-4. accuracy budget (analysis.sensitivity): while the fake-quant output loss of the placement exceeds max_loss, keep
-   in float the INT8 region with the highest score: its gain (loss(all INT8) - loss(all but it)) per millisecond it
-   saves (BALANCED) or its gain alone (ACCURACY);
+4. accuracy budget (budget, analysis.sensitivity): over max_loss in all INT8, first repair (repair: the cheapest
+   of the effort's repairs that brings the loss within max_loss, quantizing the model again with it); then, while
+   the fake-quant loss exceeds max_loss, keep in float the region with the largest measured gain
+   (loss(all INT8) - loss(all but it)). This step uses no timing and no clock (one torch thread, a fixed amount of
+   work per effort): the same model, data and effort give the same accuracy decisions on any machine load;
 5. iterate: export the candidate, profile it, refresh each region's time in its current state (its glue changes
-   with its neighbours), decide step 3 again; stop when nothing changes, after MAX_ROUNDS or at the time cap;
+   with its neighbours), decide step 3 again (the budget's floats of step 4 stay); stop when nothing changes, after MAX_ROUNDS or at the time cap;
 6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
    the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY; the fastest where none is).
 7. static or dynamic (onnxruntime, `dynamic.choose_dynamic`): the INT8 MatMul regions are profiled once more with their
