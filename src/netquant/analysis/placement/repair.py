@@ -19,6 +19,7 @@ Every repair here is global (it rewrites every region it applies to): the placem
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -101,20 +102,22 @@ def try_repairs(qgraph: QuantizedGraph, settings: QuantSettings, requantize: Req
     before = meter_loss(loss_meter(qgraph, settings, data), [])
     if before <= max_loss:
         return qgraph, []
-    trials: list[tuple[RepairTrial, QuantizedGraph]] = []
-    for repair in options:
+    trials: list[RepairTrial] = []
+    best: tuple[float, int, QuantizedGraph] | None = None  # the lowest loss so far (the cheapest of equals)
+    for i, repair in enumerate(options):
         t = time.perf_counter()
         repaired = requantize(repair.passes(), repair.settings)
-        after = meter_loss(loss_meter(repaired, settings, data), [])
-        trials.append((RepairTrial(repair.name, _sig(before), _sig(after), False,
-                                   round(time.perf_counter() - t, 3)), repaired))
+        after = _sig(meter_loss(loss_meter(repaired, settings, data), []))
+        trials.append(RepairTrial(repair.name, _sig(before), after, False, round(time.perf_counter() - t, 3)))
+        if best is None or after < best[0]:
+            best = (after, i, repaired)  # only the best graph is kept in memory
         if after <= max_loss:
             break
-    best_trial, best_graph = min(trials, key=lambda tg: (tg[0].loss_after, [x[0] for x in trials].index(tg[0])))
-    kept = best_trial.loss_after is not None and best_trial.loss_after < before
-    records = [RepairTrial(tr.repair, tr.loss_before, tr.loss_after, kept and tr is best_trial, tr.seconds)
-               for tr, _ in trials]
-    return (best_graph if kept else qgraph), records
+    assert best is not None
+    if best[0] >= _sig(before):
+        return qgraph, trials
+    trials[best[1]] = dataclasses.replace(trials[best[1]], kept=True)
+    return best[2], trials
 
 
 def _sig(x: float) -> float:
