@@ -165,3 +165,17 @@ def test_cli_effort_chooses_the_repairs_tried(tmp_path):
     res = CliRunner().invoke(cli, ["quantize", str(model), "--calib", "random", "-o", str(tmp_path / "x.onnx"),
                                    "--effort", "huge"])
     assert res.exit_code != 0 and "huge" in res.output
+
+
+@pytest.mark.slow
+def test_effort_max_tries_smoothquant_and_adaround_after_the_cheap_repairs(cls_case):
+    """effort 'max': the cheap repairs first, then SmoothQuant, AdaRound and the chain, until one is within the
+    budget; the lowest loss ships where none is, and it is the loss the placement measures in all INT8."""
+    p = _q(cls_case, max_loss=1e-4, effort="max").placement
+    names = [r.repair for r in p.repairs]
+    assert names == ["equalization", "bias correction", "smoothquant", "adaround",
+                     "equalization + smoothquant + adaround"][:len(names)] and len(names) >= 3
+    kept = [r for r in p.repairs if r.kept]
+    assert len(kept) == 1 and kept[0].loss_after == min(r.loss_after for r in p.repairs) < kept[0].loss_before
+    assert kept[0].loss_after == pytest.approx(p.measured["loss_all_int8"], rel=1e-4)
+    assert (kept[0].loss_after <= 1e-4) == (names[-1] == kept[0].repair and not _budget_floats(p))
