@@ -157,6 +157,7 @@ def place_with_repair(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s
     if placement is None:
         return None, qgraph
     placement.repairs = trials
+    placement.measured["effort"] = Effort.parse(settings.effort).value
     if digest is not None:
         placement.model_sha256 = digest
     took = time.perf_counter() - start
