@@ -127,7 +127,7 @@ def test_tensorrt_export_writes_its_calibration_cache_beside_the_onnx_file(model
 
 def test_a_lower_is_better_metric_places_as_its_negation() -> None:
     """higher_is_better=False: the loss is the rise of the metric; the same decisions and losses as the
-    higher-is-better -metric (academic_int8: the accuracy budget alone, no timing noise)."""
+    higher-is-better -metric (academic_int8: the accuracy budget alone, no timing noise; effort fast: no repair)."""
     x = {"x": torch.from_numpy(stack_batches(1, seed=7)[0])}
     ref = netquant.quantize_onnx(conv_stack(), stack_batches(), quiet=True, objective=None)
     target = ref.run(x, fake_quant=False)["c2"]
@@ -140,7 +140,7 @@ def test_a_lower_is_better_metric_places_as_its_negation() -> None:
 
     def run(**kw):
         return netquant.quantize_onnx(conv_stack(), stack_batches(), "academic_int8", quiet=True,
-                                      eval_data=[(x, target)], placement_time_s=30.0, **kw)
+                                      eval_data=[(x, target)], placement_time_s=30.0, effort="fast", **kw)
 
     all_int8 = run(metric=neg_mse, max_loss=1e9).placement.measured["loss_all_int8"]
     assert all_int8 > 0
@@ -170,9 +170,9 @@ def test_placement_names_the_platforms_engine_and_its_real_cap(capsys: pytest.Ca
     err = capsys.readouterr().err
     assert "placement: INT8 or float per region" in err  # progress while it measures
     note, took = qm.placement.note, qm.timings["placement"]
-    assert "time cap 0.00 s reached after " in note
-    reported = float(note.split("time cap 0.00 s reached after ")[1].split(" s")[0])
-    assert 0 < reported <= took + 0.005 and reported >= 0.5 * took - 0.05  # the time placement really took (2 decimals)
+    assert "time cap 0.00 s reached: placement took " in note
+    reported = float(note.split("time cap 0.00 s reached: placement took ")[1].split(" s")[0])
+    assert 0 < reported <= took + 0.005 and reported >= took - 0.25  # the time placement really took (2 decimals)
     qm.export(tmp_path / "m.onnx")
     assert "export: m.onnx" in capsys.readouterr().err  # and so does its export
     quiet = netquant.quantize_onnx(conv_stack(), stack_batches(), "tflite_int8", quiet=True, placement_time_s=30.0)

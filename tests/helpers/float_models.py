@@ -11,7 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 def depthwise_stack(seed: int = 0, width: int = 128, size: int = 16) -> onnx.ModelProto:
     """x[N,16,size,size] -> (1x1 16->width, Relu, depthwise 3x3, Relu) x2 with a 1x1 width->width between -> 1x1
-    width->8: 5 regions (2 depthwise), > api.placement.MIN_WEIGHTS weights."""
+    width->8: 5 regions (2 depthwise), > analysis.placement.MIN_WEIGHTS weights."""
     rng = np.random.default_rng(seed)
     inits, nodes = [], []
     prev, cin = "x", 16

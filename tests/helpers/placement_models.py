@@ -1,4 +1,4 @@
-"""A conv stack big enough for placement to measure (> api.placement.MIN_WEIGHTS weights)."""
+"""A conv stack big enough for placement to measure (> analysis.placement.MIN_WEIGHTS weights)."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ from netquant.errors import FloatResultError
 from netquant.passes.quant_graph import QuantizedGraph
 
 if TYPE_CHECKING:
-    from netquant.api.placement import Placement
+    from netquant.analysis.placement import Placement
 
-# placement reasons (api.placement.Reason) in the words of the summary
+# placement reasons (analysis.placement.Reason) in the words of the summary
 _REASON_WORDS = {
     "slower in int8": "slower in int8 here",
     "accuracy budget": "over the accuracy budget",

@@ -52,7 +52,7 @@ from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.threads import thread_scope
 
 if TYPE_CHECKING:
-    from netquant.api.placement import Placement
+    from netquant.analysis.placement import Placement
 
 
 MODEL_FILES = (ExportKind.QDQ, ExportKind.OPENVINO_IR, ExportKind.TFLITE, ExportKind.NCNN)
@@ -78,7 +78,7 @@ class QuantizedModel:
         self.input_files: tuple[Path, ...] = tuple(dict.fromkeys(absolute(p) for p in inputs))
         self.timings = dict(timings or {})
         self._calib_data = calib_data
-        self.placement = placement  # api.placement: each region's INT8 / float decision and its measurements
+        self.placement = placement  # analysis.placement: each region's INT8 / float decision and its measurements
         self.threads: int | None = None  # intra-op threads quantization ran with (platforms.threads); export reuses it
         self.rank = 0  # torch.distributed rank of a distributed=True run (only rank 0 writes files)
         self.last_export: tuple[Path, Any] | None = None  # (path, exporter's report) of the latest export

@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -144,8 +144,9 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     settings: see netquant.passes.QuantSettings (activation_observer, weight_observer, per_channel,
     force_fp32, overrides, strict, quiet, batch_size, max_calib_batches, ...; placement: objective=
     "latency" | "balanced" (default) | "accuracy" | None, max_loss, metric + eval_data (+ higher_is_better=False
-    for an error metric), placement_from;
-    see netquant.api.placement; min_cosine: the lowest output cosine vs FP32 an export may have in its engine
+    for an error metric), placement_from, effort="fast" | "default" | "max" (the repairs placement tries before it
+    floats regions: netquant.analysis.placement.repair);
+    see netquant.analysis.placement; min_cosine: the lowest output cosine vs FP32 an export may have in its engine
     (export.fidelity); allow_float / min_int8_fraction: see api.float_result).
     The model's exports raise FloatResultError when no region runs in INT8 (or fewer than min_int8_fraction), unless
     allow_float=True or objective='latency'.
@@ -190,7 +191,20 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
-    from netquant.api.placement import applies, place
+    from netquant.analysis.placement import applies, place_with_repair
+
+    requantize = None
+    given = tuple(p.name for p in passes)
+    if (s.objective is not None or s.placement_from is not None) and run.calib_data is not None and \
+            run.calib_data.num_batches is not None:  # not a one-shot stream: it can calibrate again
+        def requantize(extra: Sequence[PassBase], overrides: Mapping[str, Any]) -> QuantizedGraph:
+            """The model quantized again with a repair (analysis.placement.repair), placement left to the caller."""
+            again = dataclasses.replace(s, objective=None, placement_from=None, quiet=True, distributed=False,
+                                        **overrides)
+            fresh = copy.deepcopy(model) if isinstance(model, Graph) else model
+            qgraph = run_ptq(_load_graph(fresh)[0], calib_data, again, extra_passes=[*passes, *extra]).qgraph
+            qgraph.fp32_source = source_model
+            return qgraph
 
     wide = None
     if widens and run.calib_data is not None and run.calib_data.num_batches is not None:
@@ -206,7 +220,8 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     with make_progress(s.quiet or not applies(s, run.qgraph)) as progress, progress.stage(
             "placement: INT8 or float per region" if s.placement_from is None else "placement: re-applying the file"):
         # objective / placement_from: measured INT8-or-float per region
-        placement = place(run.qgraph, s, elapsed_s=t1 - t0, source=source_model if timed else None, wide=wide)
+        placement, run.qgraph = place_with_repair(run.qgraph, s, elapsed_s=t1 - t0, source=source_model if timed
+                                                  else None, wide=wide, requantize=requantize, given=given)
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
     timings["total"] = time.perf_counter() - t0

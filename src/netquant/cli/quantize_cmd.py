@@ -89,7 +89,8 @@ def _placement_line(qmodel: QuantizedModel) -> str:
     return (f"{p.objective}: {n8} of {len(p.regions)} regions in {qmodel.platform.format_label()}"
             + (f", {wide} in the wider format ({qmodel.platform.wider.label})" if wide and qmodel.platform.wider else "")
             + (": the file runs in float (no INT8 region; any speed-up is graph clean-up's)" if float_file else "")
-            + times + (f"; float because {why}" if why else "")
+            + times + (f"; repaired before floating: {p.kept_repair()}" if p.kept_repair() else "")
+            + (f"; float because {why}" if why else "")
             + (f"; {p.note}" if p.note else "") + " (details: --report x.md)")
 
 
@@ -220,6 +221,11 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--max-loss", type=click.FloatRange(min=0.0), default=None,
               help="Accuracy budget of placement: 1 - output cosine vs FP32 (default: 0.02 balanced, 0.005 accuracy, "
                    "none for latency).")
+@click.option("--effort", type=click.Choice(["fast", "default", "max"], case_sensitive=False), default="default",
+              show_default=True,
+              help="Repair before float: over --max-loss in INT8, placement first quantizes again with equalization, "
+                   "then bias correction (default), also SmoothQuant and AdaRound (max), and floats only what "
+                   "repair cannot fix; 'fast': no repair. A fixed amount of work per level, not a clock.")
 @click.option("--placement", "placement_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the placement file (JSON: per-region decisions with their measurements).")
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -270,7 +276,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
              act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0, threads: str = "auto",
              nproc: int = 1, min_cosine: float | None = None, allow_float: bool = False,
-             min_int8_fraction: float | None = None, overwrite: bool = False) -> None:
+             min_int8_fraction: float | None = None, overwrite: bool = False, effort: str = "default") -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.cli.distributed import local_group, torchrun_rank
@@ -349,6 +355,8 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
     settings["objective"] = None if objective.lower() == "none" else objective.lower()
     if max_loss is not None:
         settings["max_loss"] = max_loss
+    if effort.lower() != "default":
+        settings["effort"] = effort.lower()
     if placement_from is not None:
         settings["placement_from"] = str(placement_from)
     if min_cosine is not None:

@@ -17,12 +17,12 @@ from netquant.platforms.targets import CpuTarget, WeightScheme
 
 
 class Objective(enum.StrEnum):
-    """What automatic placement (api.placement) optimises, from per-region INT8 and FP32 times measured in the target
+    """What automatic placement (analysis.placement) optimises, from per-region INT8 and FP32 times measured in the target
     engine and the output loss of the calibration data.
 
     LATENCY: the fastest model (every region measured slower in INT8 stays float; no accuracy budget unless max_loss
     is given); BALANCED (default): the model really in INT8, floating only the slower regions needed to be no slower
-    than FP32, then the regions that buy the most accuracy per millisecond until the loss is within max_loss (0.02);
+    than FP32, then (after repair: Effort) the regions whose float saves the most loss until the loss is within max_loss (0.02);
     ACCURACY: INT8 first as BALANCED with a 4x tighter budget, floating the most sensitive regions first.
     """
 
@@ -37,6 +37,26 @@ class Objective(enum.StrEnum):
         except ValueError:
             raise ConfigError(f"objective must be one of {', '.join(o.value for o in cls)} (or None: the platform's "
                               f"rules only), got {value!r}") from None
+
+
+class Effort(enum.StrEnum):
+    """How much time placement may spend on accuracy before it floats regions (analysis.placement.repair).
+
+    FAST: no repair, regions ranked for floating by their output noise (two fake-quant passes); DEFAULT: the cheap
+    repairs (equalization, bias correction where the platform has it off) and the ranking measured on the most
+    noisy regions; MAX: every repair (SmoothQuant and AdaRound too) and the ranking measured on every region.
+    A fixed amount of work per level, never a clock: the accuracy decisions do not follow the machine's load."""
+
+    FAST = "fast"
+    DEFAULT = "default"
+    MAX = "max"
+
+    @classmethod
+    def parse(cls, value: Effort | str) -> Effort:
+        try:
+            return cls(value)
+        except ValueError:
+            raise ConfigError(f"effort must be one of {', '.join(e.value for e in cls)}, got {value!r}") from None
 
 
 @dataclass(frozen=True)
@@ -78,7 +98,10 @@ class QuantSettings:
     placement_from: a placement file (JSON, QuantizedModel.save_placement) to re-apply instead of measuring.
     placement_time_s: cap on placement's profiling and sensitivity seconds (None: 15% of the quantization time
         before it, at least 0.25 s; where the per-region search decides, half of that time, at least 1.5 s). A soft
-        cap: the whole-model timings and the FP32 and all-INT8 profiles run whatever it is.
+        cap: the whole-model timings and the FP32 and all-INT8 profiles run whatever it is. It caps latency
+        measurements only: the accuracy decisions (repairs, regions floated for the budget) follow `effort`.
+    effort: Effort ('fast' | 'default' | 'max'): the repairs placement tries before it floats regions and how many
+        regions it measures to rank them.
     calib_stack_mb: batched calibration (passes.calib_stack): equal-shape calibration batches run stacked, as many
         samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
         unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
@@ -122,6 +145,7 @@ class QuantSettings:
     higher_is_better: bool = True
     placement_from: str | os.PathLike[str] | None = None
     placement_time_s: float | None = None
+    effort: Effort | str = Effort.DEFAULT
     calib_stack_mb: float = 256.0
     distributed: bool = False
     min_cosine: float | None = None
@@ -157,6 +181,7 @@ class QuantSettings:
             self.weight_scheme = WeightScheme.parse(self.weight_scheme)
         if self.objective is not None:
             self.objective = Objective.parse(self.objective)
+        self.effort = Effort.parse(self.effort)
         if self.max_loss is not None and (not isinstance(self.max_loss, (int, float)) or isinstance(self.max_loss, bool)
                                           or not math.isfinite(self.max_loss) or self.max_loss < 0):
             raise ConfigError(f"max_loss (--max-loss) must be None or a finite number >= 0 (1 - output cosine vs "

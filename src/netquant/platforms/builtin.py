@@ -377,7 +377,7 @@ NCNN_INT8 = _builtin(Platform(
 # decomposed LayerNorms / attention.
 # Wider format: uint16 activations with the int8 weights (QNN HTP's A16W8; ORT's QNN tooling, get_qnn_qdq_config,
 # offers activation_type QUInt16 and per-tensor mixed-precision overrides, Convert ops where 8 and 16 bits meet).
-# Placement runs the regions whose uint16 activations help most in it (api.placement, WIDER_SHARE): the recognizer's
+# Placement runs the regions whose uint16 activations help most in it (analysis.placement, WIDER_SHARE): the recognizer's
 # budget loss 7.5e-3 -> 6.4e-3 with 14 of 57 regions uint16, none float: 97.5% (= FP32) in the Q/DQ reference; the
 # classifier (100%) is within the budget as it is. Not uint16 everywhere: 90.5%, and a worse loss (3.6e-2) - with
 # 16-bit input scales the int32 biases of 10 BatchNorm-folded convs overflow (|b / (s_in s_w)| up to 6.7e11) and their

@@ -10,8 +10,8 @@ from pathlib import Path
 import onnx
 import pytest
 
+from netquant.analysis.placement import DYNAMIC, FLOAT, INT8, Placement, Reason
 from netquant.api import quantize_onnx
-from netquant.api.placement import DYNAMIC, FLOAT, INT8, Placement, Reason
 from netquant.export.onnx_qdq import build_qdq_model
 from tests.helpers.transformer_models import small_bert, small_bert_batches
 

@@ -1,4 +1,4 @@
-"""api.placement: measured INT8-or-float per region, the accuracy budget, placement files, CLI flags."""
+"""analysis.placement: measured INT8-or-float per region, the accuracy budget, placement files, CLI flags."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
+from netquant.analysis.placement import Placement, Reason
 from netquant.api import quantize_onnx
-from netquant.api.placement import Placement, Reason
 from netquant.errors import ConfigError
 from netquant.export import build_qdq_model
 from netquant.passes.settings import Objective
@@ -66,7 +66,7 @@ def test_a_source_onnxruntime_cannot_run_falls_back_to_the_cleaned_graph():
     """INT8 first times the user's FP32 model; one onnxruntime cannot load is named in the note, not raised."""
     import onnx
 
-    from netquant.api.placement import search_placement
+    from netquant.analysis.placement import search_placement
     from netquant.passes.settings import QuantSettings
 
     qm = quantize_onnx(conv_stack(), stack_batches(), quiet=True, objective=None)
@@ -201,8 +201,8 @@ def test_wider_format_before_float_and_its_placement_file(tmp_path):
     until the fake-quant loss (recomputed here) is within WIDER_SHARE x max_loss, floats none while that is enough,
     and floats on top only when it is not (max_loss 0); the placement file re-applies the wide regions to the same
     file, and the exported file runs what the placement decided."""
+    from netquant.analysis.placement import WIDER_SHARE
     from netquant.analysis.sensitivity import LossMeter
-    from netquant.api.placement import WIDER_SHARE
     from netquant.export import export_qdq
 
     def q(**kw):
@@ -241,7 +241,7 @@ def test_wider_format_before_float_and_its_placement_file(tmp_path):
     a = build_qdq_model(qm.qgraph)[0].SerializeToString(deterministic=True)
     b = build_qdq_model(again.qgraph)[0].SerializeToString(deterministic=True)
     assert a == b
-    from netquant.api.placement import apply_placement_file
+    from netquant.analysis.placement import apply_placement_file
 
     rules_only = quantize_onnx(conv_stack(), stack_batches(), "academic_int4", quiet=True, objective=None)
     with pytest.raises(ConfigError, match=r"placement file '.*p\.json' runs regions in the wider format, but .* "

@@ -7,8 +7,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from netquant.analysis.placement import batch_axis
 from netquant.api import quantize_onnx
-from netquant.api.placement import batch_axis
 from netquant.graph.ir import Value
 
 

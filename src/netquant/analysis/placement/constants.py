@@ -1,0 +1,30 @@
+"""Placement's tuning constants: default budgets, time caps, profile and wall-clock settings."""
+
+from __future__ import annotations
+
+from netquant.passes.settings import Effort, Objective
+
+FORMAT = "netquant.placement/1"
+MAX_ROUNDS = 3
+DEFAULT_MAX_LOSS = {Objective.BALANCED: 0.02, Objective.ACCURACY: 0.005, Objective.LATENCY: None}
+MIN_WEIGHTS = 20_000  # below this many weight elements in all regions, per-op timing is noise: rules only
+MIN_TIME_S = 0.25
+TIME_SHARE = 0.15  # default cap: this share of the quantization time before placement (at least MIN_TIME_S)
+SEARCH_MIN_S, SEARCH_SHARE = 1.5, 0.5  # the cap where the per-region search decides (INT8 slower than the source,
+# over the budget, LATENCY): half the quantization time, at least 1.5 s (a few profiles of a small model)
+REPORT_SHARE = 0.25  # share of the cap the report's extra sensitivities may use
+PROFILE_AFTER_SHARE = 0.5  # all INT8 decided by the whole-model check after this share of the cap: no profiles
+PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 runs cost 3x the time)
+WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model ...
+WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
+WALL_CLEAR = 0.15  # ... and 3 rounds only when INT8 is this much faster or slower than FP32 by then
+SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
+SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
+# platforms with a wider format (Platform.wider) widen regions until the loss is within this share of max_loss: a wide
+# region stays integer on the engine, so it buys accuracy more cheaply than a float one. Measured (Q/DQ reference
+# semantics, 64 calibration / 200 held-out lines, FP32 100%): academic_int4 classifier at max_loss 0.02 -> 40 of 53
+# regions int8 (W8A8), 90.0% (as the 36 floats of the budget alone); 0.005 -> 50 wide, 99.5%; 0.002 -> 52, 100%
+WIDER_SHARE = 0.25
+# regions whose gain (the loss floating it saves) the budget measures, the noisiest first (None: all), per effort:
+# one fake-quant pass each on SENSITIVITY_SAMPLES samples
+RANKED_REGIONS: dict[Effort, int | None] = {Effort.FAST: 0, Effort.DEFAULT: 12, Effort.MAX: None}
