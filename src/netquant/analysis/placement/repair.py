@@ -32,7 +32,7 @@ from netquant.analysis.placement.constants import DEFAULT_MAX_LOSS
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import model_hash
 from netquant.analysis.placement.records import Placement, RepairTrial
-from netquant.analysis.placement.search import applies, place
+from netquant.analysis.placement.search import applies, measures, place
 from netquant.errors import ConfigError
 from netquant.passes.adaround import AdaRoundPass
 from netquant.passes.base import PassBase
@@ -96,7 +96,7 @@ def try_repairs(qgraph: QuantizedGraph, settings: QuantSettings, requantize: Req
     within the budget, no repair applies, or none lowers the loss."""
     max_loss = _budget(settings)
     options = repair_options(settings, given)
-    if max_loss is None or not options:
+    if max_loss is None or not options or not measures(qgraph):
         return qgraph, []
     data = budget_data(qgraph, settings)
     before = meter_loss(loss_meter(qgraph, settings, data), [])
@@ -157,7 +157,6 @@ def place_with_repair(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s
     if placement is None:
         return None, qgraph
     placement.repairs = trials
-    placement.measured["effort"] = Effort.parse(settings.effort).value
     if digest is not None:
         placement.model_sha256 = digest
     took = time.perf_counter() - start

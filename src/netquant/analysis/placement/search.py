@@ -26,7 +26,7 @@ from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
 from netquant.analysis.placement.records import FLOAT, INT8, WIDER, Placement, Reason, RegionDecision
 from netquant.analysis.profile import OTHER, region_times
-from netquant.analysis.regions import keep_float
+from netquant.analysis.regions import Region, find_regions, keep_float
 from netquant.analysis.sensitivity import Sensitivity
 from netquant.analysis.wider import widen
 from netquant.errors import ExportError
@@ -44,6 +44,21 @@ def applies(settings: QuantSettings, qgraph: QuantizedGraph) -> bool:
 def timed(qgraph: QuantizedGraph) -> bool:
     """Whether placement measures speed for this platform (onnxruntime CPU, the engine profiled here)."""
     return qgraph.platform.validation is Validation.ONNXRUNTIME
+
+
+def region_weights(qgraph: QuantizedGraph, regions: list[Region]) -> int:
+    """The weight elements of all regions' ops (below MIN_WEIGHTS a timed platform's rules decide)."""
+    return sum(int(qgraph.graph.initializers[i].numel()) for r in regions for op in r.ops
+               for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
+
+
+def measures(qgraph: QuantizedGraph) -> bool:
+    """Whether search_placement measures this graph's accuracy (a quantized region, a kept calibration batch, and on a
+    timed platform at least MIN_WEIGHTS weights): else the rules decide and nothing is repaired either."""
+    regions = find_regions(qgraph)
+    if not regions or (qgraph.sample_inputs is None and not qgraph.validation_batches):
+        return False
+    return not timed(qgraph) or region_weights(qgraph, regions) >= MIN_WEIGHTS
 
 
 def place(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float,
@@ -165,8 +180,7 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
         return placement
     if not timed(qgraph):
         return _budget_only(s, AccuracyBudget(s, max_loss, objective, wide), placement, start, time_budget_s)
-    weights = sum(int(qgraph.graph.initializers[i].numel()) for r in s.regions for op in r.ops
-                  for i in qgraph.graph.node(op).inputs if i in qgraph.graph.initializers)
+    weights = region_weights(qgraph, s.regions)
     if weights < MIN_WEIGHTS:
         placement.note = (f"not measured: {weights} weights in all regions (< {MIN_WEIGHTS}), too small for per-op "
                           "timing; the platform's rules decide")
