@@ -52,6 +52,7 @@ import numpy as np
 import onnx
 import torch
 
+from netquant.analysis.attention import place_attention, rewrite_from_dict
 from netquant.analysis.profile import (
     OTHER,
     NodeMap,
@@ -416,6 +417,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
         widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
     qgraph.dynamic_ops = set(placement.dynamic_anchors())
+    qgraph.attention_rewrite = rewrite_from_dict(placement.measured.get("attention"), f"placement file '{path}'")
     placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
     return placement
 
@@ -803,7 +805,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
         # the cap
         placement = _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
-        return _choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
+        return _choose_dynamic_and_attention(s, placement, source, max_loss, search_s or time_budget_s)
     if search_s is not None and not (int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss)):
         s.deadline = max(s.deadline, start + search_s)
     p32 = s.profile_fp32()
@@ -916,7 +918,7 @@ def search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budge
         placement.note = "; ".join(filter(None, [placement.note, f"time cap {cap:.2f} s reached after {took:.2f} s "
                                                  "(the whole-model timings and the FP32 and all-INT8 profiles always "
                                                  "run): some measurements skipped"]))
-    return _choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
+    return _choose_dynamic_and_attention(s, placement, source, max_loss, search_s or time_budget_s)
 
 
 DYNAMIC_OPS = ("MatMul",)  # region anchors export.dynamic can rewrite
@@ -946,6 +948,17 @@ def _ort_runs(models: list[onnx.ModelProto], feeds: dict[str, np.ndarray], budge
 def _one_minus_cos(a: np.ndarray, b: np.ndarray) -> float:
     den = float(np.linalg.norm(a) * np.linalg.norm(b))
     return 0.0 if den == 0 else max(0.0, 1.0 - float(a @ b) / den)
+
+
+def _choose_dynamic_and_attention(s: _Search, placement: Placement, source: onnx.ModelProto | None,
+                                  max_loss: float | None, cap_s: float) -> Placement:
+    """_choose_dynamic, then the transformer ops by measurement (analysis.attention; recorded as
+    measured['attention'])."""
+    placement = _choose_dynamic(s, placement, source, max_loss, cap_s)
+    attention = place_attention(s.qgraph, s.feeds, source, cap_s)
+    if attention is not None:
+        placement.measured["attention"] = attention.as_dict()
+    return placement
 
 
 def _choose_dynamic(s: _Search, placement: Placement, source: onnx.ModelProto | None, max_loss: float | None,
