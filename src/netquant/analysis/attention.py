@@ -43,6 +43,7 @@ FASTER_SHARE = 0.03  # an int8 kind must run 3% faster than the current file (wa
 LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
 PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
+CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
     (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
     (AttnKind.CONTEXT, AttnMode.STATIC), (AttnKind.CONTEXT, AttnMode.DYNAMIC),
@@ -219,8 +220,8 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
                     cap_s: float, max_batches: int = 2) -> AttentionPlacement | None:
     """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
     against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
-    validation batches, within `cap_s` seconds; the choice is set as qgraph.attention_rewrite. None when there is
-    nothing to measure (no batch, or no transformer op and no dynamic MatMul)."""
+    validation batches, tries started within CAP_SHARE x `cap_s` seconds; the choice is set as
+    qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul)."""
     from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
 
     batches = [{k: v.detach().cpu().numpy() for k, v in b.items()} for b in qgraph.validation_batches[:max_batches]]
@@ -230,7 +231,7 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
     base = build_qdq_model(qgraph)[0]
     fp32 = fp32_onnx(qgraph)
     result = choose_attention(base, source if source is not None else fp32, fp32, feeds, batches,
-                              deadline=time.perf_counter() + cap_s)
+                              deadline=time.perf_counter() + CAP_SHARE * cap_s)
     if not result.tries:
         return None
     qgraph.attention_rewrite = result.rewrite()
