@@ -1,8 +1,8 @@
 """Transformer-block ops in int8 or float on onnxruntime, by measurement (export.attention rewrites them).
 
 After the per-region INT8 / float / dynamic decision, each kind of transformer op the onnxruntime platform leaves
-float by rule is tried in int8, one kind at a time, in this order: per-token dynamic activations of the dynamic weight
-MatMuls, SCORES (Q·Kᵀ) static then dynamic, CONTEXT (A·V) static then dynamic, SOFTMAX, LAYERNORM, GELU. A try is the
+float by rule is tried in int8, one kind at a time, in this order: SCORES (Q·Kᵀ) static then dynamic, CONTEXT (A·V) static then
+dynamic, SOFTMAX, LAYERNORM, GELU, then per-token dynamic activations of the dynamic weight MatMuls. A try is the
 current file with that kind rewritten, timed against the current file (wall clock, interleaved, batch of the
 placement) and its output compared with the reference's (1 - cosine over the calibration batches kept for export
 checks). It is kept when
@@ -174,8 +174,8 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     cur = base
     cur_loss = _loss(ref, _outputs(cur, batches))
     result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
-    tries: list[tuple[str, AttnMode | None]] = ([(PER_TOKEN, None)] if has_dynamic else []) + \
-        [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())]
+    tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
+        + ([(PER_TOKEN, None)] if has_dynamic else [])  # per-token last: its elementwise chain rarely pays off
     skip: set[str] = set()
     for kind, mode in tries:
         if kind in skip or (deadline is not None and time.perf_counter() > deadline):
