@@ -1,6 +1,7 @@
 """Real models that ship inside PyPI wheels, fetched with `pip download --no-deps` into a cache.
 
-No hub downloads: the PP-OCRv4 models come from the `rapidocr-onnxruntime==1.4.4` wheel,
+No hub downloads: the PP-OCRv4 models come from the `rapidocr-onnxruntime==1.4.4` wheel, the PP-OCRv6 'small'
+ones (a recognizer with a transformer neck) from the `rapidocr==3.10.0` wheel,
 the light CNNs from `onnx/backend/test/data/light` inside the installed onnx package; the transformer
 encoders (nn.TransformerEncoder, and a BERT-style one with a fused QKV Linear) are built here from seeded torch
 weights and exported once.
@@ -34,6 +35,13 @@ PPOCR_MODELS = {
     "rec": "ch_PP-OCRv4_rec_infer.onnx",
     "cls": "ch_ppocr_mobile_v2.0_cls_infer.onnx",
 }
+# PP-OCRv6 'small' models inside the rapidocr==3.10.0 wheel (rapidocr/models/...)
+RAPIDOCR3_WHEEL = "rapidocr==3.10.0"
+PPOCR_V6_MODELS = {
+    "det": "PP-OCRv6_det_small.onnx",
+    "rec": "PP-OCRv6_rec_small.onnx",
+    "cls": "ch_ppocr_mobile_v2.0_cls_mobile.onnx",
+}
 # the built-in transformer encoder: torch.nn.TransformerEncoder, seeded weights (see encoder_model_path)
 ENCODER_LAYERS, ENCODER_DIM, ENCODER_HEADS, ENCODER_FF, ENCODER_SEQ = 6, 384, 6, 1536, 64
 ENCODER_SEED = 0
@@ -61,18 +69,21 @@ def _make_dir(folder: Path) -> Path:
     return folder
 
 
-def _fetch_wheel(wheels: Path) -> Path:
-    """The cached rapidocr wheel; `pip download --no-deps` into a private temp dir, then an atomic rename."""
-    found = sorted(wheels.glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+def _fetch_wheel(wheels: Path, spec: str = RAPIDOCR_WHEEL) -> Path:
+    """The cached wheel of `spec` ('name==version'); `pip download --no-deps` into a private temp dir, then an atomic
+    rename."""
+    name, version = spec.split("==")
+    pattern = f"{name.replace('-', '_')}-{version}-*.whl"
+    found = sorted(wheels.glob(pattern))
     if found:
         return found[0]
     _make_dir(wheels)
     with tempfile.TemporaryDirectory(dir=wheels) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, RAPIDOCR_WHEEL]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", tmp, spec]
         proc = subprocess.run(cmd, capture_output=True, text=True)
-        got = sorted(Path(tmp).glob("rapidocr_onnxruntime-1.4.4-*.whl"))
+        got = sorted(Path(tmp).glob(pattern))
         if proc.returncode != 0 or not got:
-            raise ModelError(f"could not fetch {RAPIDOCR_WHEEL} with pip download into {wheels}: "
+            raise ModelError(f"could not fetch {spec} with pip download into {wheels}: "
                              f"{proc.stderr.strip()[-400:]}; check that PyPI is reachable or place the wheel there")
         final = wheels / got[0].name
         os.replace(got[0], final)
@@ -96,27 +107,35 @@ def _check_readable(folder: Path) -> None:
 
 
 def _rapidocr_dir() -> Path:
-    """Folder with the wheel's .onnx models, extracted once (atomic rename, safe across processes), readable by every
-    user the umask allows (a shared NETQUANT_CACHE)."""
-    target = cache_dir() / "rapidocr-1.4.4"
-    if (target / PPOCR_MODELS["rec"]).exists():
+    """Folder with the rapidocr-onnxruntime 1.4.4 wheel's .onnx models (see _wheel_models_dir)."""
+    return _wheel_models_dir(RAPIDOCR_WHEEL, "rapidocr-1.4.4", PPOCR_MODELS["rec"])
+
+
+def _wheel_models_dir(spec: str, folder: str, probe: str) -> Path:
+    """Folder `folder` of the cache with the .onnx / .txt / .yaml files of the wheel `spec`, extracted once (atomic
+    rename, safe across processes; `probe` is a file that must be there), readable by every user the umask allows
+    (a shared NETQUANT_CACHE)."""
+    target = cache_dir() / folder
+    if (target / probe).exists():
         return target
     _check_readable(target)
-    wheel = _fetch_wheel(_make_dir(cache_dir()) / "wheels")
-    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix="rapidocr-"))
+    wheel = _fetch_wheel(_make_dir(cache_dir()) / "wheels", spec)
+    tmp = Path(tempfile.mkdtemp(dir=cache_dir(), prefix=f"{folder}-"))
     try:
         with zipfile.ZipFile(wheel) as zf:
             for name in zf.namelist():
                 base = name.rsplit("/", 1)[-1]
                 if base.endswith((".onnx", ".txt", ".yaml")):
                     (tmp / base).write_bytes(zf.read(name))
+        if not (tmp / probe).exists():
+            raise ModelError(f"{wheel} has no {probe}; remove the wheel from {wheel.parent} to fetch it again")
         os.chmod(tmp, _dir_mode())
         try:
             os.rename(tmp, target)
         except OSError as exc:  # another process finished first, or a folder this user cannot use is in the way
-            if not (target / PPOCR_MODELS["rec"]).exists():
+            if not (target / probe).exists():
                 _check_readable(target)
-                raise ConfigError(f"cannot put the PP-OCR models into the model cache folder '{target}' "
+                raise ConfigError(f"cannot put the models of {spec} into the model cache folder '{target}' "
                                   f"({exc.strerror or exc}); remove it or set NETQUANT_CACHE to a writable "
                                   "folder") from exc
     finally:
@@ -136,10 +155,29 @@ def ppocr_rec_dictionary() -> list[str]:
 
     rapidocr 1.4.4 keeps it in the model's metadata ('character'), one char per line.
     """
-    model = onnx.load(str(ppocr_model_path("rec")), load_external_data=False)
+    return _metadata_dictionary(ppocr_model_path("rec"))
+
+
+def ppocr_v6_model_path(which: str) -> Path:
+    """Path of a PP-OCRv6 'small' model from the rapidocr==3.10.0 wheel: which in {'det', 'rec', 'cls'}. The
+    recognizer is a conv backbone with a transformer neck (attention: Q·Kᵀ / Softmax / A·V MatMuls, LayerNorm,
+    GELU): input [N, 3, 48, W] BGR in [-1, 1] (netquant.data.ocr.rec_batch), CTC scores over
+    ppocr_v6_rec_dictionary()."""
+    if which not in PPOCR_V6_MODELS:
+        raise ModelError(f"unknown PP-OCRv6 model '{which}'; choose one of {sorted(PPOCR_V6_MODELS)}")
+    return _wheel_models_dir(RAPIDOCR3_WHEEL, "rapidocr-3.10.0", PPOCR_V6_MODELS["rec"]) / PPOCR_V6_MODELS[which]
+
+
+def ppocr_v6_rec_dictionary() -> list[str]:
+    """CTC character list of the PP-OCRv6 small recognizer (its 'character' metadata): blank, the characters, space."""
+    return _metadata_dictionary(ppocr_v6_model_path("rec"))
+
+
+def _metadata_dictionary(path: Path) -> list[str]:
+    model = onnx.load(str(path), load_external_data=False)
     meta = {p.key: p.value for p in model.metadata_props}
     if "character" not in meta:
-        raise ModelError(f"{ppocr_model_path('rec')} has no 'character' metadata")
+        raise ModelError(f"{path} has no 'character' metadata")
     return ["blank", *meta["character"].splitlines(), " "]
 
 

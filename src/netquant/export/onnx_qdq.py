@@ -227,7 +227,8 @@ def quant_state(qgraph: QuantizedGraph) -> tuple[Any, ...]:
             configs.append((id(c), c.state, c.spec, c.effective_pair_limit, id(r), r.state,
                             None if p is None else (id(p), tensor(p.scale), tensor(p.zero_point))))
         configs.append(name)
-    return graph_state(qgraph.graph), tuple(configs), id(qgraph.platform), tuple(sorted(qgraph.dynamic_ops))
+    return (graph_state(qgraph.graph), tuple(configs), id(qgraph.platform), tuple(sorted(qgraph.dynamic_ops)),
+            qgraph.attention_rewrite)
 
 
 _LAST_BUILD: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], tuple[onnx.ModelProto, QdqBuilder, int]]] = \
@@ -271,6 +272,8 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
     rewritten = bool(qgraph.dynamic_ops and make_dynamic(model, qgraph.dynamic_ops))
+    if qgraph.attention_rewrite is not None:  # transformer ops int8 by measurement (analysis.attention)
+        rewritten = qgraph.attention_rewrite.apply(model) or rewritten
     if qgraph.platform.validation is Validation.ONNXRUNTIME:  # exact rewrites for onnxruntime's fusions
         keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
         rewritten = gather_int8_rows(model) > 0 or rewritten

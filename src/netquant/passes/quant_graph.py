@@ -172,6 +172,8 @@ class QuantizedGraph:
         # placement: MatMul ops whose activation input is quantized at run time in the export (export.dynamic;
         # the executor's fake quantization keeps their calibrated static params)
         self.dynamic_ops: set[str] = set()
+        # export.attention.AttentionRewrite measured by analysis.attention (None: the platform's rules alone)
+        self.attention_rewrite: Any = None
 
     @property
     def graph(self) -> Graph:

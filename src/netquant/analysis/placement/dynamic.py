@@ -8,6 +8,7 @@ import time
 import numpy as np
 import onnx
 
+from netquant.analysis.attention import place_attention
 from netquant.analysis.placement.constants import (
     PROFILE_RUNS,
     PROFILE_WARMUP,
@@ -134,4 +135,15 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
     qgraph.dynamic_ops = set(chosen)
     measured.update({"dynamic_regions": len(chosen), "dynamic_s": round(time.perf_counter() - t0, 4)})
     placement.note = "; ".join(filter(None, [placement.note, note]))
+    return placement
+
+
+def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: onnx.ModelProto | None,
+                                 max_loss: float | None, cap_s: float) -> Placement:
+    """choose_dynamic, then the transformer ops by measurement (analysis.attention; recorded as
+    measured['attention'])."""
+    placement = choose_dynamic(s, placement, source, max_loss, cap_s)
+    attention = place_attention(s.qgraph, s.feeds, source, cap_s)
+    if attention is not None:
+        placement.measured["attention"] = attention.as_dict()
     return placement

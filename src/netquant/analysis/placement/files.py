@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from netquant.analysis.attention import rewrite_from_dict
 from netquant.analysis.placement.budget import WideFactory, wide_graph
 from netquant.analysis.placement.inputs import model_hash
 from netquant.analysis.placement.records import Placement
@@ -45,6 +46,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
         widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
     qgraph.dynamic_ops = set(placement.dynamic_anchors())
+    qgraph.attention_rewrite = rewrite_from_dict(placement.measured.get("attention"), f"placement file '{path}'")
     placement.note = (placement.note + " " if placement.note else "") + f"re-applied from {Path(path).name}"
     return placement
 

@@ -20,7 +20,7 @@ from netquant.analysis.placement.constants import (
     TIME_SHARE,
     WIDER_SHARE,
 )
-from netquant.analysis.placement.dynamic import choose_dynamic
+from netquant.analysis.placement.dynamic import choose_dynamic_and_attention
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
@@ -207,7 +207,7 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
         # the cap
         placement = _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
-        return choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
+        return choose_dynamic_and_attention(s, placement, source, max_loss, search_s or time_budget_s)
     if search_s is not None and not (int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss)):
         s.deadline = max(s.deadline, start + search_s)
     p32 = s.profile_fp32()
@@ -317,5 +317,5 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
     # the cap in force (search_s may have raised it); repair.place_with_repair compares it with the time really taken
     placement.measured["time_cap_s"] = round(s.deadline - start, 3)
-    return choose_dynamic(s, placement, source, max_loss, search_s or time_budget_s)
+    return choose_dynamic_and_attention(s, placement, source, max_loss, search_s or time_budget_s)
 

@@ -1,0 +1,244 @@
+"""Transformer-block ops in int8 or float on onnxruntime, by measurement (export.attention rewrites them).
+
+After the per-region INT8 / float / dynamic decision, each kind of transformer op the onnxruntime platform leaves
+float by rule is tried in int8, one kind at a time, in this order: SCORES (Q·Kᵀ) static then dynamic, CONTEXT
+(A·V) static then dynamic, SOFTMAX, LAYERNORM, GELU, then per-token dynamic activations of the dynamic weight
+MatMuls. A try is the
+current file with that kind rewritten, timed against the current file (wall clock, interleaved, batch of the
+placement; a try that times faster is timed once more in the other order and the less favourable of the two counts)
+and its output compared with the reference's (1 - cosine over the calibration batches kept for export checks). It is
+kept when
+- int8 kinds: it runs FASTER_SHARE faster and its loss is at most LOSS_GROWTH x the current loss + LOSS_FLOOR;
+- per-token: its loss is at most PER_TOKEN_GAIN x the current loss (more accurate) and it is at most
+  PER_TOKEN_SLOWER slower.
+Kept tries become the current file; the decisions, with every try's times and losses, are returned
+(AttentionPlacement.as_dict, recorded in the placement file's `measured`).
+Static ranges: min / max of each tensor over the calibration batches in the FP32 graph, values at or below MASK_FLOOR
+(additive mask fills: -10000, finfo.min, -inf) left out.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+
+from netquant.analysis.profile import wall_clock_ms
+from netquant.errors import ConfigError
+from netquant.export.attention import (
+    AttentionRewrite,
+    AttnKind,
+    AttnMode,
+    apply_attention,
+    find_attention_ops,
+    per_token_dynamic,
+    tensors_to_range,
+)
+
+MASK_FLOOR = -1e4
+FASTER_SHARE = 0.03  # an int8 kind must run 3% faster than the current file (wall clock noise is 1-2%)
+LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
+PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
+PER_TOKEN = "per_token"
+CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
+ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
+    (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
+    (AttnKind.CONTEXT, AttnMode.STATIC), (AttnKind.CONTEXT, AttnMode.DYNAMIC),
+    (AttnKind.SOFTMAX, AttnMode.STATIC), (AttnKind.LAYERNORM, AttnMode.STATIC), (AttnKind.GELU, AttnMode.STATIC))
+
+
+@dataclass
+class AttentionTry:
+    """One measured try: `kind` ('per_token' or an AttnKind value) in `mode`, over `nodes` nodes."""
+
+    kind: str
+    mode: str
+    nodes: int
+    current_ms: float
+    ms: float
+    current_loss: float
+    loss: float
+    kept: bool
+    reason: str
+
+
+@dataclass
+class AttentionPlacement:
+    """The measured choice: node -> mode of the kept kinds, whether per-token dynamic activations were kept, the
+    static ranges they need, and every try."""
+
+    modes: dict[str, AttnMode] = field(default_factory=dict)
+    per_token: bool = False
+    ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
+    needed: set[str] = field(default_factory=set)  # the tensors whose ranges the kept STATIC kinds read
+    tries: list[AttentionTry] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def rewrite(self) -> AttentionRewrite | None:
+        """The export's rewrite for this choice (QuantizedGraph.attention_rewrite); None when nothing was kept."""
+        if not self.modes and not self.per_token:
+            return None
+        needed = self.needed
+        return AttentionRewrite(tuple(sorted((n, m) for n, m in self.modes.items())), self.per_token,
+                                tuple(sorted((t, lo, hi) for t, (lo, hi) in self.ranges.items() if t in needed)))
+
+    def as_dict(self) -> dict[str, Any]:
+        """For the placement file's `measured`: the kept kinds, every try, and the rewrite (re-applied from the file by
+        rewrite_from_dict; ranges exact)."""
+        kept = sorted({f"{t.kind}:{t.mode}" for t in self.tries if t.kept})
+        r = self.rewrite()
+        rewrite = None if r is None else {"modes": [[n, m.value] for n, m in r.modes], "per_token": r.per_token,
+                                          "ranges": [[t, lo, hi] for t, lo, hi in r.ranges]}
+        return {"kept": kept, "tries": [{k: (float(f"{v:.6g}") if isinstance(v, float) else v)
+                                         for k, v in asdict(t).items()} for t in self.tries],
+                "seconds": round(self.seconds, 3), "rewrite": rewrite}
+
+
+def rewrite_from_dict(data: Any, where: str) -> AttentionRewrite | None:
+    """The rewrite a placement file recorded (AttentionPlacement.as_dict()['rewrite']); None when there is none.
+    ConfigError naming `where` for a malformed one."""
+    if not isinstance(data, dict) or data.get("rewrite") is None:
+        return None
+    r = data["rewrite"]
+    try:
+        return AttentionRewrite(tuple((str(n), AttnMode(m)) for n, m in r["modes"]), bool(r["per_token"]),
+                                tuple((str(t), float(lo), float(hi)) for t, lo, hi in r["ranges"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: measured.attention.rewrite is malformed ({exc}); measure again") from exc
+
+
+def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
+                      batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
+    """(min, max) of each float tensor in `names` over `batches`, run in onnxruntime on the FP32 graph (module
+    docstring: mask fills left out). Tensors the graph does not have are left out."""
+    import onnxruntime as ort
+
+    model = copy.deepcopy(fp32)
+    have = {o.name for o in model.graph.output}
+    values = {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input} | \
+        {o for n in model.graph.node for o in n.output}
+    wanted = [n for n in names if n in values]
+    for n in wanted:
+        if n not in have:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    outs = [o.name for o in sess.get_outputs()]
+    lo: dict[str, float] = {}
+    hi: dict[str, float] = {}
+    for feeds in batches:
+        for name, v in zip(outs, sess.run(None, dict(feeds)), strict=True):
+            if name not in wanted or not np.issubdtype(np.asarray(v).dtype, np.floating):
+                continue
+            data = np.asarray(v)[np.isfinite(v) & (np.asarray(v) > MASK_FLOOR)]
+            if data.size:
+                lo[name] = min(lo.get(name, np.inf), float(data.min()))
+                hi[name] = max(hi.get(name, -np.inf), float(data.max()))
+    return {k: (lo[k], hi[k]) for k in lo}
+
+
+def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return np.concatenate([np.asarray(o, np.float64).ravel() for b in batches for o in sess.run(None, dict(b))])
+
+
+def _loss(a: np.ndarray, b: np.ndarray) -> float:
+    den = float(np.linalg.norm(a) * np.linalg.norm(b))
+    return 0.0 if den == 0 else max(0.0, 1.0 - float(a @ b) / den)
+
+
+def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: onnx.ModelProto,
+                     feeds: Mapping[str, np.ndarray], batches: Sequence[Mapping[str, np.ndarray]],
+                     deadline: float | None = None) -> AttentionPlacement:
+    """Measure and decide (module docstring). base: the QDQ export as placed so far (not modified); reference: the
+    model whose outputs the losses are measured against (the user's FP32 model); fp32: the graph the ranges are
+    calibrated on (its tensor names are the export's); feeds: the timing batch; batches: the loss / range batches.
+    Tries past `deadline` (perf_counter) are skipped."""
+    start = time.perf_counter()
+    result = AttentionPlacement()
+    kinds = find_attention_ops(base)
+    has_dynamic = any(n.op_type == "MatMulInteger" for n in base.graph.node)
+    if not kinds and not has_dynamic:
+        return result
+    ref = _outputs(reference, batches)
+    cur = base
+    cur_loss = _loss(ref, _outputs(cur, batches))
+    result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
+    tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
+        + ([(PER_TOKEN, None)] if has_dynamic else [])  # per-token last: its elementwise chain rarely pays off
+    skip: set[str] = set()
+    for kind, mode in tries:
+        if kind in skip or (deadline is not None and time.perf_counter() > deadline):
+            continue
+        cand = copy.deepcopy(cur)
+        if mode is None:
+            nodes = len(per_token_dynamic(cand))
+        else:
+            modes = {n: mode for n, k in kinds.items() if k.value == kind}
+            nodes = len(apply_attention(cand, modes, result.ranges))  # cur holds the kinds kept so far
+        if nodes <= 0:
+            continue
+        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=3, budget_s=1.0)
+        if ms <= (1.0 - FASTER_SHARE) * cur_ms:  # a win is timed again, the other way round: the slower verdict counts
+            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=3, budget_s=1.0)
+            if again_ms / again_cur > ms / cur_ms:
+                cur_ms, ms = again_cur, again_ms
+        loss = _loss(ref, _outputs(cand, batches))
+        if mode is None:
+            kept = loss <= PER_TOKEN_GAIN * cur_loss and ms <= PER_TOKEN_SLOWER * cur_ms
+            reason = "more accurate, not slower" if kept else (
+                "not more accurate" if loss > PER_TOKEN_GAIN * cur_loss else "slower")
+        else:
+            fast = ms <= (1.0 - FASTER_SHARE) * cur_ms
+            fine = loss <= LOSS_GROWTH * cur_loss + LOSS_FLOOR
+            kept = fast and fine
+            reason = "faster in int8, as accurate" if kept else ("not faster" if not fast else "less accurate")
+        result.tries.append(AttentionTry(kind, "per-token dynamic" if mode is None else mode.value, nodes,
+                                         cur_ms, ms, cur_loss, loss, kept, reason))
+        if not kept:
+            continue
+        skip.add(kind)  # static kept: the dynamic try of that kind is not needed
+        if mode is None:
+            result.per_token = True
+        else:
+            chosen = {n: k for n, k in kinds.items() if k.value == kind}
+            result.modes.update({n: mode for n in chosen})
+            if mode is AttnMode.STATIC:
+                result.needed.update(tensors_to_range(base, chosen))
+        cur, cur_loss = cand, loss
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source: onnx.ModelProto | None,
+                    cap_s: float, max_batches: int = 2) -> AttentionPlacement | None:
+    """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
+    against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
+    validation batches, tries started within CAP_SHARE x `cap_s` seconds; the choice is set as
+    qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul)."""
+    from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
+
+    batches = [{k: v.detach().cpu().numpy() for k, v in b.items()} for b in qgraph.validation_batches[:max_batches]]
+    if feeds is None or not batches:
+        return None
+    qgraph.attention_rewrite = None
+    base = build_qdq_model(qgraph)[0]
+    fp32 = fp32_onnx(qgraph)
+    result = choose_attention(base, source if source is not None else fp32, fp32, feeds, batches,
+                              deadline=time.perf_counter() + CAP_SHARE * cap_s)
+    if not result.tries:
+        return None
+    qgraph.attention_rewrite = result.rewrite()
+    return result

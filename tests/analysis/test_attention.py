@@ -1,0 +1,83 @@
+"""analysis.attention: transformer ops in int8 or float by measurement, recorded in and re-applied from the placement
+file."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections import Counter
+from pathlib import Path
+
+import onnx
+import pytest
+
+from netquant.analysis.attention import (
+    FASTER_SHARE,
+    LOSS_FLOOR,
+    LOSS_GROWTH,
+    PER_TOKEN_GAIN,
+    PER_TOKEN_SLOWER,
+    calibrated_ranges,
+    choose_attention,
+)
+from netquant.api import quantize_onnx
+from netquant.errors import ConfigError
+from netquant.export.attention import AttnKind, find_attention_ops, tensors_to_range
+from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
+from tests.helpers.transformer_models import SMALL, small_bert, small_bert_batches
+
+
+@pytest.fixture(scope="module")
+def bert(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return small_bert(tmp_path_factory.mktemp("bert") / "bert.onnx", seq=32)
+
+
+def test_every_kind_is_tried_and_kept_only_by_the_rule(bert: Path) -> None:
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    batches = small_bert_batches(2, seed=30)
+    result = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches)
+    tried = {t.kind for t in result.tries}
+    assert tried == {k.value for k in AttnKind}  # no dynamic MatMul in this file: no per-token try
+    for t in result.tries:
+        assert t.ms > 0 and t.current_ms > 0 and t.loss >= 0 and t.nodes > 0
+        rule = (t.loss <= PER_TOKEN_GAIN * t.current_loss and t.ms <= PER_TOKEN_SLOWER * t.current_ms) \
+            if t.kind == "per_token" else \
+            (t.ms <= (1 - FASTER_SHARE) * t.current_ms and t.loss <= LOSS_GROWTH * t.current_loss + LOSS_FLOOR)
+        assert t.kept == rule, t
+    kept = {t.kind for t in result.tries if t.kept}
+    kinds = find_attention_ops(base)
+    assert set(result.modes) == {n for n, k in kinds.items() if k.value in kept}
+    rewrite = result.rewrite()
+    if rewrite is None:
+        assert not kept
+    else:  # the rewrite export applies gives the file the last kept try was measured on
+        model = copy.deepcopy(base)
+        assert rewrite.apply(model)
+        ops = Counter(n.op_type for n in model.graph.node)
+        assert ops["QuantizeLinear"] + ops["DynamicQuantizeLinear"] > \
+            Counter(n.op_type for n in base.graph.node)["QuantizeLinear"]
+
+
+def test_the_placement_file_reapplies_the_attention_rewrite(bert: Path, tmp_path: Path) -> None:
+    calib = small_bert_batches(4)
+    qm = quantize_onnx(str(bert), calib, objective="balanced", quiet=True)
+    assert "attention" in qm.placement.measured and qm.placement.measured["attention"]["tries"]
+    data = json.loads(qm.placement.to_json())
+    # a hand-made decision: every Q·Kᵀ product static, with its calibrated ranges
+    fp32 = fp32_onnx(qm.qgraph)
+    scores = {n: k for n, k in find_attention_ops(fp32).items() if k is AttnKind.SCORES}
+    ranges = calibrated_ranges(fp32, tensors_to_range(fp32, scores), calib)
+    data["measured"]["attention"] = {"rewrite": {"modes": [[n, "static"] for n in sorted(scores)], "per_token": False,
+                                                 "ranges": [[t, lo, hi] for t, (lo, hi) in sorted(ranges.items())]}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(data))
+    again = quantize_onnx(str(bert), calib, quiet=True, placement_from=str(path))
+    assert again.qgraph.attention_rewrite is not None
+    model = build_qdq_model(again.qgraph)[0]
+    added = [n for n in model.graph.node if "/attn_Q/" in n.name]  # Q -> DQ on both inputs of each product
+    assert len(added) == 2 * SMALL["layers"] and len(scores) == SMALL["layers"]
+    data["measured"]["attention"]["rewrite"]["modes"] = [["x", "int4"]]
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="measured.attention.rewrite is malformed"):
+        quantize_onnx(str(bert), calib, quiet=True, placement_from=str(path))
