@@ -75,10 +75,10 @@ def test_reconstruction_keeps_the_pair_limit_and_is_deterministic(tmp_path):
                                    quiet=True, target="any")
         limit = q.qgraph.op_configs["fc"].weight_config().effective_pair_limit
         assert limit is not None and rec.results
-        if "w" in q.qgraph.rounded_weights:
-            learned, _, floor = _codes(q.qgraph, "fc")
-            assert count_overflow_pairs(learned.to(torch.int32), limit.layout) == 0
-            assert count_overflow_pairs((floor + 1).clamp(-128, 127).to(torch.int32), limit.layout) > 0
+        assert "w" in q.qgraph.rounded_weights and rec.results[0].flipped > 0
+        learned, _, floor = _codes(q.qgraph, "fc")
+        assert count_overflow_pairs(learned.to(torch.int32), limit.layout) == 0
+        assert count_overflow_pairs((floor + 1).clamp(-128, 127).to(torch.int32), limit.layout) > 0
         q.export(tmp_path / f"m{i}.onnx")
     assert (tmp_path / "m0.onnx").read_bytes() == (tmp_path / "m1.onnx").read_bytes()
 
