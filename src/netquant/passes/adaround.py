@@ -7,7 +7,7 @@ one of the choices). Relaxed:
 
     h(V)   = clip(sigmoid(V) * (zeta - gamma) + gamma, 0, 1)          zeta = 1.1, gamma = -0.1
     W~(V)  = s * (clamp(floor(W / s + z) + h(V), qmin, qmax) - z)
-    loss   = |op(q(x), W~(V)) - op(x, W)|^2 / |op(x, W)|^2 + lam * mean(1 - |2 h(V) - 1|^beta)
+    loss   = mean_c |op(q(x), W~(V))_c - op(x, W)_c|^2 / |op(x, W)_c|^2 + lam * mean(1 - |2 h(V) - 1|^beta)
 
 x: the op's input in the FP32 model on calibration batches (captured through the executor); q(x): x itself
 (symmetric, the default: the paper's |W x - W~ x|) or, asymmetric=True, what the fake-quantized model feeds the op
@@ -15,13 +15,16 @@ through its own input quantizer, captured for each layer after every layer befor
 capture taken before them held errors those layers then cancelled themselves, and this layer cancelled them a second
 time: PP-OCR cls W4A8 cosine 0.767, now 0.990). Never FP32 inputs through the op's input quantizer (the codes then
 learn to cancel that quantizer's rounding of the FP32 values, which the quantized model's inputs do not repeat:
-PP-OCRv4 rec INT8 97.5 -> 87.5 exact lines while every layer's MSE dropped). The relative error makes lam
-scale-free; V starts where h(V) is W / s's fractional part; beta anneals linearly from 20 to 2 after a warm-up
+PP-OCRv4 rec INT8 97.5 -> 87.5 exact lines while every layer's MSE dropped). The error is relative per output
+channel c (a layer-wide relative error lets the channels of small outputs, which BatchNorm-folded layers after it
+amplify, take whatever rounding Adam's noise gives them: their share of the error is too small to matter, and
+Adam's step does not shrink with the gradient); lam is scale-free; V starts where h(V) is W / s's fractional part; beta anneals linearly from 20 to 2 after a warm-up
 (`warmup` of the iterations without the regularizer); Adam on V, torch autograd on CPU, minibatches drawn with
 a seeded generator (same seed, same codes). The final codes are floor + (V >= 0); a weight with a pair limit
 (x86 without VNNI: same-sign pairs |q0| + |q1| <= 128) takes nearest rounding's codes (which keep the limit:
-core.int_kernels.limit_pair_sums) in every pair the learned codes would put over it. A layer keeps the learned codes only where they lower
-its output MSE below nearest rounding's on the last quarter of its captured inputs, which it never trained on;
+core.int_kernels.limit_pair_sums) in every pair the learned codes would put over it. Each output channel keeps its learned row only where it
+lowers that channel's output error below nearest rounding's on the last quarter of the layer's captured inputs,
+which it never trained on (nearest rounding's row elsewhere; rows keep the pair limit either way);
 and (guard) the whole model keeps them only if its output error on a held-out calibration batch drops.
 
 Runs after bias quantization (Stage.WEIGHTS), before bias correction, which then corrects the mean shift of
@@ -162,6 +165,16 @@ def weight_targets(qgraph: QuantizedGraph, ops: tuple[str, ...] | None = None) -
         a_cfg = oc.inputs[0] if oc.inputs and oc.inputs[0] is not None else None
         out.append(_Target(oc, w_idx, w_cfg, a_cfg))
     return out
+
+
+def _channel_energy(y: torch.Tensor, axis: int) -> torch.Tensor:
+    """sum of y^2 per channel along `axis` (shape (C,))."""
+    return y.movedim(axis, -1).reshape(-1, y.shape[axis]).square().sum(0)
+
+
+def _channel_floor(energy: torch.Tensor) -> torch.Tensor:
+    """Channel energies floored at 1e-3 of their mean (a dead channel's relative error stays bounded)."""
+    return energy.clamp_min(float(energy.mean()) * 1e-3 + 1e-30)
 
 
 @dataclass
@@ -356,6 +369,8 @@ class AdaRoundPass(PassBase):
         per_step = min(n_train, self.batch_images if node.op_type == "Conv" else self.batch_rows)
         sf, zf, floor_f = s.float(), z.float(), floor.float()
         warm = int(self.warmup * self.iterations)
+        out_axis = 1 if node.op_type == "Conv" else -1  # output channels of the op's output
+        w_axis = 0 if node.op_type == "Conv" or (node.op_type == "Gemm" and node.attrs.get("transB", 0)) else -1
         for it in range(self.iterations):
             idx = torch.randperm(n_train, generator=gen)[:per_step]
             xs, xqs = self._crop(x[idx], xq[idx], gen)
@@ -363,7 +378,7 @@ class AdaRoundPass(PassBase):
             wq = sf * ((floor_f + h).clamp(spec.qmin, spec.qmax) - zf)
             with torch.no_grad():
                 ref = fn(xs, w)
-            loss = (fn(xqs, wq) - ref).square().sum() / ref.square().sum().clamp_min(1e-30)
+            loss = (_channel_energy(fn(xqs, wq) - ref, out_axis) / _channel_floor(_channel_energy(ref, out_axis))).mean()
             if it >= warm:
                 frac = (it - warm) / max(1, self.iterations - warm)
                 beta = self.beta_end + (self.beta_start - self.beta_end) * (1 - frac)
@@ -376,12 +391,19 @@ class AdaRoundPass(PassBase):
             limit = cfg.effective_pair_limit
             if limit is not None:
                 codes = _nearest_where_over(codes, nearest_codes, limit)
+            test = slice(n_train, n_items) if held else slice(0, n_items)
+            ref_test = fn(x[test], w)
+            near_out = fn(xq[test], ((nearest_codes - z) * s).float()) - ref_test
+            # per output channel: the learned row where its held-out error is lower, nearest rounding's elsewhere
+            better = _channel_energy(fn(xq[test], ((codes - z) * s).float()) - ref_test, out_axis) < \
+                _channel_energy(near_out, out_axis)
+            shape = [1] * codes.dim()
+            shape[w_axis] = -1
+            codes = torch.where(better.reshape(shape), codes, nearest_codes)
             rounded = ((codes - z) * s).float()
             check = quantize(rounded, params.scale, params.zero_point, spec).double()
             ok = bool(torch.equal(check, codes))
-            test = slice(n_train, n_items) if held else slice(0, n_items)
-            ref_test = fn(x[test], w)
-            mse_near = float((fn(xq[test], ((nearest_codes - z) * s).float()) - ref_test).square().mean())
+            mse_near = float(near_out.square().mean())
             mse_ada = float((fn(xq[test], rounded) - ref_test).square().mean())
         kept = ok and mse_ada < mse_near
         flipped = int((codes != nearest_codes).sum())
