@@ -116,6 +116,8 @@ def main() -> None:
     ap.add_argument("--ada-iters", type=int, default=200)
     ap.add_argument("--iters", type=int, default=200, help="iterations per layer / block of the low-bit rows")
     ap.add_argument("--models", default="cls,rec")
+    ap.add_argument("--rows", default="", help="comma-separated row indices to run (default: all)")
+    ap.add_argument("--out", default="", help="results file name (default: repair_ocr_<platform>.md)")
     args = ap.parse_args()
     threads = 1  # the host is shared: one thread per engine keeps timings sane
     calib_lines, eval_lines = make_text_lines(args.calib, seed=CALIB_SEED), make_text_lines(args.eval, seed=EVAL_SEED)
@@ -144,6 +146,8 @@ def main() -> None:
         batches = [{"x": calib[i:i + 16]} for i in range(0, len(calib), 16)]
         plat = low_bit[args.platform]() if args.platform in low_bit else args.platform
         rows = low_bit_variants(args.iters) if args.platform in low_bit else variants(args.ada_iters)
+        if args.rows:
+            rows = [rows[int(i)] for i in args.rows.split(",")]
         for label, passes in rows:
             t0 = time.perf_counter()
             q = netquant.quantize_onnx(str(path), batches, plat, passes=passes, objective=None, quiet=True,
@@ -162,7 +166,7 @@ def main() -> None:
             print(row, flush=True)
             lines.append(row)
     lines[2] = lines[2].replace("LOAD_END", f"{os.getloadavg()[0]:.1f}")
-    publish(RESULTS_DIR / f"repair_ocr_{args.platform}.md", lines)
+    publish(RESULTS_DIR / (args.out or f"repair_ocr_{args.platform}.md"), lines)
 
 
 if __name__ == "__main__":
