@@ -115,3 +115,21 @@ def test_the_chain_is_deterministic_and_recorded(tmp_path):
     assert names[0] == "learned scales" and "reconstruction" in names
     assert names.index("reconstruction") > max(i for i, n in enumerate(names) if n == "learned scales")
     assert json.loads((tmp_path / "p1.json").read_text())["repairs"] == repairs
+
+
+def test_learned_weight_scales_keep_the_pair_limit():
+    """Learned scales re-round weights at their new scale through the config's pair limit (x86 without VNNI)."""
+    from netquant.passes.quant_graph import constant_codes
+
+    calib = [np.random.default_rng(s).uniform(0, 2, (32, 64)).astype(np.float32) for s in range(4)]
+    lsq = LearnedScalePass(LearnedScaleSettings(iterations=60, guard=False))
+    q = netquant.quantize_onnx(pair_model(), calib, "onnxruntime_int8", passes=[lsq], objective=None, quiet=True,
+                               target="any")
+    plain = netquant.quantize_onnx(pair_model(), calib, "onnxruntime_int8", objective=None, quiet=True, target="any")
+    cfg = q.qgraph.op_configs["fc"].weight_config()
+    assert lsq.results and lsq.results[0].weights == 1
+    changed = not torch.equal(cfg.effective_params.scale,
+                              plain.qgraph.op_configs["fc"].weight_config().effective_params.scale)
+    assert changed == lsq.results[0].kept  # a block that is not kept leaves its scales as calibrated
+    codes = constant_codes(q.qgraph.graph.initializers["w"], cfg).to(torch.int32)
+    assert count_overflow_pairs(codes, cfg.effective_pair_limit.layout) == 0
