@@ -79,7 +79,10 @@ class LayerResult:
 
 
 @dataclass
-class _Target:
+class WeightTarget:
+    """A weight op to re-round: its config, the weight's input index, the weight's and the activation input's
+    configs."""
+
     oc: OpQuantConfig
     weight_index: int
     w_cfg: TensorQuantConfig
@@ -96,7 +99,8 @@ def _kernel(graph: Graph, node: Node):  # noqa: ANN202 - the registry's kernel t
     return lambda x, w: fn([x, w], attrs, ctx)[0]
 
 
-def _param_shape(w: torch.Tensor, cfg: TensorQuantConfig, p: torch.Tensor) -> torch.Tensor:
+def param_view(w: torch.Tensor, cfg: TensorQuantConfig, p: torch.Tensor) -> torch.Tensor:
+    """A per-tensor or per-channel param p shaped to broadcast against weight w (channel axis of cfg's spec)."""
     if p.numel() == 1:
         return p.reshape(())
     shape = [1] * w.dim()
@@ -104,7 +108,7 @@ def _param_shape(w: torch.Tensor, cfg: TensorQuantConfig, p: torch.Tensor) -> to
     return p.reshape(shape)
 
 
-class _Adam:
+class Adam:
     """Adam (Kingma & Ba) on one tensor, betas (0.9, 0.999), eps 1e-8 (torch.optim's import costs seconds)."""
 
     def __init__(self, p: torch.Tensor, lr: float) -> None:
@@ -124,7 +128,7 @@ class _Adam:
         self.p.sub_(self.lr * m_hat / (v_hat.sqrt() + 1e-8))
 
 
-def _nearest_where_over(codes: torch.Tensor, nearest: torch.Tensor, limit: PairSumLimit) -> torch.Tensor:
+def nearest_where_over(codes: torch.Tensor, nearest: torch.Tensor, limit: PairSumLimit) -> torch.Tensor:
     """codes, with every same-sign pair over the pair limit (in the kernel's K order) replaced by nearest rounding's
     pair (which keeps the limit: quant_graph.constant_codes)."""
     nk = limit.layout.to_nk(codes)
@@ -135,11 +139,11 @@ def _nearest_where_over(codes: torch.Tensor, nearest: torch.Tensor, limit: PairS
     return limit.layout.from_nk(torch.where(mask, limit.layout.to_nk(nearest), nk), codes.shape)
 
 
-def weight_targets(qgraph: QuantizedGraph, ops: tuple[str, ...] | None = None) -> list[_Target]:
+def weight_targets(qgraph: QuantizedGraph, ops: tuple[str, ...] | None = None) -> list[WeightTarget]:
     """The Conv / Gemm / MatMul ops (all, or those named in `ops`) whose weight (input 1, a float initializer read by
     this op only) is quantized to integer codes per tensor or per channel and not yet re-rounded, in graph order."""
     graph = qgraph.graph
-    out: list[_Target] = []
+    out: list[WeightTarget] = []
     for node in graph.nodes:
         oc = qgraph.op_configs.get(node.name)
         if oc is None or node.op_type not in OPS or (ops is not None and node.name not in ops):
@@ -163,7 +167,7 @@ def weight_targets(qgraph: QuantizedGraph, ops: tuple[str, ...] | None = None) -
         if node.op_type == "Gemm" and node.attrs.get("transA", 0):
             continue
         a_cfg = oc.inputs[0] if oc.inputs and oc.inputs[0] is not None else None
-        out.append(_Target(oc, w_idx, w_cfg, a_cfg))
+        out.append(WeightTarget(oc, w_idx, w_cfg, a_cfg))
     return out
 
 
@@ -217,7 +221,7 @@ class AdaRoundPass(PassBase):
         if not 0.0 <= self.warmup < 1.0:
             raise ConfigError(f"AdaRoundPass warmup is a share of the iterations in [0, 1), got {self.warmup}")
 
-    def _targets(self, qgraph: QuantizedGraph) -> list[_Target]:
+    def _targets(self, qgraph: QuantizedGraph) -> list[WeightTarget]:
         return weight_targets(qgraph, self.ops)
 
     # ---- the pass --------------------------------------------------------------------------------
@@ -238,7 +242,7 @@ class AdaRoundPass(PassBase):
         check = batches[-1:] if self.guard and len(batches) > 1 else []  # never trained on
         batches = batches[:-1] if check else batches[: self.max_batches]
         budget = 1 << 26  # activation elements captured per FP32 run (a group of layers at a time)
-        group: list[_Target] = []
+        group: list[WeightTarget] = []
         progress = iter(ctx.track(range(len(targets)), "adaround", len(targets)))
         pending = list(targets)
         while pending:
@@ -291,12 +295,12 @@ class AdaRoundPass(PassBase):
             ("guard_error_learned", with_codes), ("guard_error_nearest", without), ("kept", int(kept)))))
         self.guard_kept = kept
 
-    def _estimate(self, qgraph: QuantizedGraph, t: _Target, batches: list[dict[str, torch.Tensor]]) -> int:
+    def _estimate(self, qgraph: QuantizedGraph, t: WeightTarget, batches: list[dict[str, torch.Tensor]]) -> int:
         w = qgraph.graph.initializers[t.oc.op.inputs[t.weight_index]]
         keep = self.max_images if t.oc.op.op_type == "Conv" else self.max_rows
         return int(keep * max(w.shape[1] if t.oc.op.op_type == "Conv" else w.shape[0], 1) * 64)
 
-    def _capture(self, qgraph: QuantizedGraph, group: list[_Target], batches: list[dict[str, torch.Tensor]],
+    def _capture(self, qgraph: QuantizedGraph, group: list[WeightTarget], batches: list[dict[str, torch.Tensor]],
                  fake_quant: bool) -> dict[str, torch.Tensor]:
         """Each op's input in the FP32 model (fake_quant False) or the fake-quantized one (the layers rounded so
         far with their learned codes), up to max_images images / max_rows rows, the same samples either way."""
@@ -334,7 +338,7 @@ class AdaRoundPass(PassBase):
                 x, xq = x.narrow(d, start, self.crop_pixels), xq.narrow(d, start, self.crop_pixels)
         return x, xq
 
-    def _round(self, ctx: PassContext, qgraph: QuantizedGraph, t: _Target, x: torch.Tensor, seen: torch.Tensor
+    def _round(self, ctx: PassContext, qgraph: QuantizedGraph, t: WeightTarget, x: torch.Tensor, seen: torch.Tensor
                ) -> None:
         """Learn the rounding of one layer's weight on its captured inputs: x in the FP32 model (the target
         op(x, W)), `seen` what the quantized model feeds it; record it (module docstring)."""
@@ -347,8 +351,8 @@ class AdaRoundPass(PassBase):
         params = cfg.effective_params
         assert params is not None
         spec = cfg.root.spec
-        s = _param_shape(w, cfg, params.scale.double())
-        z = _param_shape(w, cfg, params.zero_point.double())
+        s = param_view(w, cfg, params.scale.double())
+        z = param_view(w, cfg, params.zero_point.double())
         real = w.double() / s + z
         floor = real.floor()
         rest = (real - floor).clamp(1e-4, 1 - 1e-4)
@@ -361,7 +365,7 @@ class AdaRoundPass(PassBase):
         xq = fake_quant(seen, a_root) if self.asymmetric and a_root is not None and emits(a_root) else seen
         nearest_codes = constant_codes(w, cfg).double()
         v = (-torch.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0)).float().requires_grad_(True)
-        adam = _Adam(v, self.lr)
+        adam = Adam(v, self.lr)
         gen = torch.Generator().manual_seed(self.seed)
         n_items = x.shape[0]
         held = n_items // 4  # the keep decision is taken on inputs the rounding never trained on
@@ -390,7 +394,7 @@ class AdaRoundPass(PassBase):
             codes = (floor + (v.detach() >= 0).double()).clamp(spec.qmin, spec.qmax)
             limit = cfg.effective_pair_limit
             if limit is not None:
-                codes = _nearest_where_over(codes, nearest_codes, limit)
+                codes = nearest_where_over(codes, nearest_codes, limit)
             test = slice(n_train, n_items) if held else slice(0, n_items)
             ref_test = fn(x[test], w)
             near_out = fn(xq[test], ((nearest_codes - z) * s).float()) - ref_test

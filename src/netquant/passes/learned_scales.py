@@ -36,7 +36,7 @@ from netquant.core.spec import Granularity
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import ConfigError
 from netquant.graph.op_config import TensorRole
-from netquant.passes.adaround import _Adam
+from netquant.passes.adaround import Adam
 from netquant.passes.base import Condition, PassBase, PassContext, Stage
 from netquant.passes.quant_graph import QuantizedGraph, RepairRecord, emits, fake_quant
 from netquant.passes.reconstruction import (
@@ -226,7 +226,7 @@ def _learn_block(qgraph: QuantizedGraph, block: Block, batches: Sequence[Batch],
     for key, (sc, w) in weights.items():
         run.weights[key] = weight(sc, w)
     scales = [*acts.values(), *(sc for sc, _ in weights.values())]
-    adams = [_Adam(sc.u, s.lr) for sc in scales]
+    adams = [Adam(sc.u, s.lr) for sc in scales]
     gen = torch.Generator().manual_seed(s.seed + block.index)
     for _ in range(s.iterations):
         x, y = data.minibatch(gen, s.samples)

@@ -49,10 +49,10 @@ from netquant.graph.op_config import TensorRole
 from netquant.passes.adaround import (
     GAMMA,
     ZETA,
-    _Adam,
-    _nearest_where_over,
-    _param_shape,
-    _Target,
+    Adam,
+    WeightTarget,
+    nearest_where_over,
+    param_view,
     weight_targets,
 )
 from netquant.passes.base import Condition, PassBase, PassContext, Stage
@@ -77,7 +77,7 @@ class Block:
     nodes: tuple[Node, ...]
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
-    targets: tuple[_Target, ...]
+    targets: tuple[WeightTarget, ...]
 
     @property
     def layers(self) -> tuple[str, ...]:
@@ -127,7 +127,7 @@ def find_blocks(qgraph: QuantizedGraph, layers: int = 4, ops: Sequence[str] | No
 
 
 def _block(index: int, nodes: list[Node], a: int, b: int, produced: dict[str, int], last: dict[str, int],
-           graph: Graph, targets: dict[str, _Target]) -> Block:
+           graph: Graph, targets: dict[str, WeightTarget]) -> Block:
     inits = graph.initializers
     inputs: list[str] = []
     for node in nodes[a:b]:
@@ -282,15 +282,15 @@ def block_data(qgraph: QuantizedGraph, block: Block, batches: Sequence[Batch]) -
 class _Rounding:
     """AdaRound's relaxed rounding of one target weight (module docstring)."""
 
-    def __init__(self, qgraph: QuantizedGraph, t: _Target) -> None:
+    def __init__(self, qgraph: QuantizedGraph, t: WeightTarget) -> None:
         node = t.oc.op
         self.target, self.name = t, node.inputs[t.weight_index]
         w = qgraph.graph.initializers[self.name].float()
         params = t.w_cfg.effective_params
         assert params is not None
         self.w, self.params, self.spec = w, params, t.w_cfg.root.spec
-        self.s = _param_shape(w, t.w_cfg, params.scale.double())
-        self.z = _param_shape(w, t.w_cfg, params.zero_point.double())
+        self.s = param_view(w, t.w_cfg, params.scale.double())
+        self.z = param_view(w, t.w_cfg, params.zero_point.double())
         real = w.double() / self.s + self.z
         self.floor = real.floor()
         rest = (real - self.floor).clamp(1e-4, 1 - 1e-4)
@@ -309,7 +309,7 @@ class _Rounding:
         with torch.no_grad():
             codes = (self.floor + (self.v.detach() >= 0).double()).clamp(self.spec.qmin, self.spec.qmax)
             limit = self.target.w_cfg.effective_pair_limit
-            return _nearest_where_over(codes, self.nearest, limit) if limit is not None else codes
+            return nearest_where_over(codes, self.nearest, limit) if limit is not None else codes
 
     def value(self, codes: torch.Tensor) -> torch.Tensor:
         return ((codes - self.z) * self.s).float()
@@ -361,7 +361,7 @@ def _reconstruct_block(qgraph: QuantizedGraph, block: Block, data: BlockData, cf
     for r in rounds:
         run.weights[(r.target.oc.op.name, r.target.weight_index)] = r.soft
     params = [r.v for r in rounds]
-    adams = [_Adam(p, cfg.lr) for p in params]
+    adams = [Adam(p, cfg.lr) for p in params]
     gen = torch.Generator().manual_seed(cfg.seed + block.index)
     warm = int(cfg.warmup * cfg.iterations)
     total = sum(p.numel() for p in params)
