@@ -14,7 +14,7 @@ import netquant
 from netquant.core.int_kernels import count_overflow_pairs
 from netquant.core.ops import quantize
 from netquant.passes.adaround import AdaRoundPass
-from netquant.passes.quant_graph import constant_codes, fake_quant
+from netquant.passes.quant_graph import constant_codes
 from tests.helpers.repair_models import cnn_inputs, cnn_model
 
 
@@ -51,13 +51,12 @@ def test_adaround_lowers_layer_mse_and_moves_weights_one_step_at_most():
         step = learned - floor
         assert bool(((step == 0) | (step == 1)).all())  # up or down, never further
         assert r.flipped == int((learned != nearest).sum()) > 0
-        # the layer's output MSE recomputed here: its FP32 input, quantized as the graph quantizes it
+        # the layer's output MSE recomputed here on its FP32 input (symmetric: no input quantizer in the objective)
         node = g.node(r.op)
         if node.op_type != "Conv":
             continue
         xin = q.qgraph.executor(fake_quant=False).run({"x": x}, outputs=[node.inputs[0]])[node.inputs[0]]
-        a_root = q.qgraph.op_configs[r.op].inputs[0].root
-        xq = fake_quant(xin, a_root)
+        xq = xin
         rw = q.qgraph.rounded_weights[node.inputs[1]]
         pads, group = node.attrs.get("pads", [0, 0, 0, 0])[:2], node.attrs.get("group", 1)
         ref = torch.nn.functional.conv2d(xin, rw.original, padding=pads, groups=group)
@@ -130,3 +129,21 @@ def test_the_guard_keeps_codes_only_where_the_model_error_drops(tmp_path, bias_c
     plain.export(tmp_path / "p.onnx")
     same = (tmp_path / "a.onnx").read_bytes() == (tmp_path / "p.onnx").read_bytes()
     assert same != ada.guard_kept
+
+
+def test_asymmetric_rounding_learns_on_what_the_rounded_upstream_feeds():
+    """Asymmetric AdaRound captures each layer's quantized input after the layers before it took their codes (a
+    capture taken before made every layer correct its upstream's nearest-rounding error, which the upstream then
+    corrected itself: PP-OCR cls W4A8 output cosine 0.767 vs 0.983 plain; now 0.990): with the guard off, the model
+    output error on unseen inputs drops below nearest rounding's, and bias correction leaves these codes' biases."""
+    from netquant.passes.reconstruction import model_error
+    from tests.passes.test_reconstruction import CALIB, HELD, w4
+
+    ada = AdaRoundPass(iterations=80, asymmetric=True, guard=False)
+    q = netquant.quantize_onnx(cnn_model(), CALIB, w4(), passes=[ada], objective=None, quiet=True)
+    plain = netquant.quantize_onnx(cnn_model(), CALIB, w4(), objective=None, quiet=True)
+    assert sum(r.kept for r in ada.results) >= 3
+    assert model_error(q.qgraph, HELD) < model_error(plain.qgraph, HELD)
+    assert all(not rw.correct_bias for rw in q.qgraph.rounded_weights.values())
+    assert not set(q.qgraph.bias_corrections) & {q.qgraph.graph.node(rw.op).inputs[2]
+                                                 for rw in q.qgraph.rounded_weights.values()}

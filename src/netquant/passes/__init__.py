@@ -2,7 +2,8 @@
 
 Every pass is a `PassBase` subclass declaring what it `requires` and `ensures` (`Condition`s the
 `PassManager` checks around it); `default_passes` is the PTQ pipeline, `quantize_onnx(passes=[...])`
-adds your own where each one's `Stage` says (repairs: passes.smoothquant, passes.equalization, passes.adaround).
+adds your own where each one's `Stage` says (repairs: passes.smoothquant, passes.equalization, passes.adaround,
+passes.reconstruction, passes.learned_scales).
 """
 
 from netquant.passes.base import Condition, PassBase, PassConditionError, PassContext, Stage

@@ -111,7 +111,8 @@ def correct_biases(qgraph: QuantizedGraph, batches: list[dict[str, torch.Tensor]
 
     graph = qgraph.graph
     index = GraphIndex(graph)
-    targets = [t for oc in qgraph.op_configs.values() if (t := _bias_target(oc, graph, index)) is not None]
+    targets = [t for oc in qgraph.op_configs.values() if (t := _bias_target(oc, graph, index)) is not None
+               and ((rw := qgraph.rounded_weights.get(oc.op.inputs[t.weight_index])) is None or rw.correct_bias)]
     if not targets or not batches:
         return {}
     opset = graph.opset_imports.get("", graph.opset)

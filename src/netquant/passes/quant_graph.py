@@ -68,13 +68,17 @@ class BiasCorrection:
 class RoundedWeight:
     """A weight re-rounded by a repair pass (passes.adaround): `rounded` holds the chosen integer codes times the
     scale of `config` (so quantizing it with that config gives those codes back). The graph holds `rounded` while
-    op `op` quantizes its weight with `config` and `original` otherwise (FP32 runs, regions kept float or widened)."""
+    op `op` quantizes its weight with `config` and `original` otherwise (FP32 runs, regions kept float or widened).
+    correct_bias: bias correction (passes.bias_correction) corrects the mean output shift of these codes; False for
+    codes learned on the quantized model's inputs (block reconstruction, asymmetric AdaRound): they already cancel
+    the mean shift, upstream errors included, and correcting it again would undo that."""
 
     op: str
     input_index: int
     config: TensorQuantConfig
     original: torch.Tensor
     rounded: torch.Tensor
+    correct_bias: bool = True
 
     def active(self, qgraph: QuantizedGraph) -> bool:
         """True while the op quantizes this weight with `config` (the one the codes were chosen for)."""
