@@ -170,8 +170,9 @@ VARIANTS = [
     Variant("W8A8 per-channel, all INT8, + chain", "onnxruntime_int8", _chain, ALL + BC),
     Variant("W4A8 per-channel, all INT8 (academic)", "w4a8", list, ALL),
     Variant("W4A8 per-channel, all INT8, + chain", "w4a8", _chain, ALL),
-    Variant("W4A4 (academic_int4), all quantized", "academic_int4", list, ALL),
-    Variant("W4A4 (academic_int4), all quantized, + chain", "academic_int4", _chain, ALL),
+    # min_cosine 0: export's fidelity check refuses files below cosine 0.97 vs FP32; here the number is the result
+    Variant("W4A4 (academic_int4), all quantized", "academic_int4", list, ALL + (("min_cosine", 0.0),)),
+    Variant("W4A4 (academic_int4), all quantized, + chain", "academic_int4", _chain, ALL + (("min_cosine", 0.0),)),
 ]
 
 
@@ -206,8 +207,16 @@ def netquant_run(v: Variant, case: ModelCase, out: Path) -> tuple[str, float]:
                 key = r.reason.split(":")[0].split("(")[0].strip()[:60]
                 reasons[key] = reasons.get(key, 0) + 1
             note += " (float: " + "; ".join(f"{k} x{n}" for k, n in sorted(reasons.items())) + ")"
-        if "loss_placed" in p.measured:
-            note += f"; loss {p.measured.get('loss_placed'):.4f}"
+        m = p.measured
+        if m.get("loss_placed") is not None:
+            note += f"; loss {m['loss_placed']:.4f}"
+        if m.get("loss_all_int8") is not None:
+            note += f" (all-INT8 {m['loss_all_int8']:.4f})"
+        if all(m.get(k) is not None for k in ("fp32_ms", "all_int8_ms", "placed_ms")):
+            note += f"; profiled FP32 / all-INT8 / placed {m['fp32_ms']:.2f} / {m['all_int8_ms']:.2f} / " \
+                    f"{m['placed_ms']:.2f} ms"
+        if p.note:
+            note += f"; {p.note}"
     for ps in passes:
         if ps.name == "adaround" and getattr(ps, "guard_kept", None) is not None:
             note += f"; AdaRound guard {'kept' if ps.guard_kept else 'reverted'} the codes"
