@@ -145,7 +145,7 @@ def _sq() -> list:
 def _ada() -> list:
     from netquant.passes.adaround import AdaRoundPass
 
-    return [AdaRoundPass(iterations=ADA_ITERS)]
+    return [AdaRoundPass(iterations=ADA_ITERS)]  # ADA_ITERS: --ada-iters
 
 
 def _chain() -> list:
@@ -161,7 +161,7 @@ VARIANTS = [
     Variant("+ equalization (ReLU6 -> ReLU, AIMET; inexact)", "onnxruntime_int8", _cle("relu")),
     Variant("+ SmoothQuant", "onnxruntime_int8", _sq),
     Variant("+ bias correction", "onnxruntime_int8", list, BC),
-    Variant(f"+ AdaRound ({ADA_ITERS} it)", "onnxruntime_int8", _ada),
+    Variant("+ AdaRound", "onnxruntime_int8", _ada),
     Variant("+ chain: equalization exact, bias correction, AdaRound", "onnxruntime_int8", _chain, BC),
     Variant("W8A8 per-tensor, all INT8", "onnxruntime_int8", list, ALL + (("per_channel", False),)),
     Variant("W8A8 per-tensor, all INT8, + equalization exact + bias correction", "onnxruntime_int8", _cle("exact"),
@@ -362,6 +362,7 @@ NOTES = [
 
 
 def main() -> None:
+    global ADA_ITERS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="rec,cls,det,mobilenetv2_050,resnet18")
     ap.add_argument("--calib", type=int, default=64)
@@ -369,8 +370,10 @@ def main() -> None:
     ap.add_argument("--cnn-eval", type=int, default=1000)
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--skip", default="", help="comma-separated substrings of row labels to leave out")
+    ap.add_argument("--ada-iters", type=int, default=200)
     ap.add_argument("--render", action="store_true")
     args = ap.parse_args()
+    ADA_ITERS = args.ada_iters
     if args.render:
         render()
         return
@@ -385,7 +388,8 @@ def main() -> None:
         load1 = os.getloadavg()
         part = {"key": key, "metric": case.metric, "calib": sum(len(b["x"]) for b in case.calib),
                 "host": host_info(ort_threads=1).markdown() + f" onnxruntime {ort.__version__}.",
-                "load": f"1-minute load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end",
+                "load": f"1-minute load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; AdaRound "
+                        f"{ADA_ITERS} iterations per layer",
                 "rows": [{k: v for k, v in asdict(r).items() if k not in ("path", "extra")} for r in rows]}
         (PARTS / f"{key}.json").write_text(json.dumps(part, indent=1))
     render()
