@@ -324,6 +324,13 @@ def targets(parts: list[dict]) -> list[str]:
                 met = n8 >= 0.9 * n and speed is not None and speed >= 1.3
                 out.append(f"{rows[0]['model']} {r['method']}: {n8}/{n} regions INT8 ({100 * n8 / n:.0f}%), "
                            f"{r['speed']} FP32, {r['delta']} points -> {'met' if met else 'NOT met'}")
+        if key == "rec":
+            r = next((r for r in rows if r["method"].startswith("plain")), None)
+            if r is not None and r["value"] is not None and " regions INT8" in r["regions"]:
+                n8 = int(r["regions"].split("/")[0])
+                met = n8 >= 30 and base - r["value"] <= 0.5
+                out.append(f"PP-OCRv4 rec default within 0.5 point of FP32 with >= 30 of 34 regions INT8: {n8} regions, "
+                           f"{r['delta']} points, {r['speed']} -> {'met' if met else 'NOT met'} (this run)")
         if key.startswith(("mobilenetv2", "resnet")) and base is not None:
             w4 = [r for r in rows if r["method"].startswith("W4A8") and r["value"] is not None]
             if w4:
