@@ -142,3 +142,42 @@ def rel(a, b) -> float:
     """max |a - b| / max |b|."""
     return float(abs(a - b).max() / abs(b).max())
 
+
+
+def mobilenet_v2_model(c: int = 8, expand: int = 4, blocks: int = 2, seed: int = 0) -> onnx.ModelProto:
+    """x[N, 3, 12, 12] -> stem Conv3x3 -> ReLU6 -> `blocks` inverted residual blocks (Conv1x1 expand -> ReLU6 ->
+    depthwise Conv3x3 -> ReLU6 -> Conv1x1 project, + the block input: a residual join) -> GlobalAveragePool ->
+    Flatten -> Gemm -> y[N, 5]: MobileNetV2's layout with BatchNorm folded. Channel scales span ~3 orders of
+    magnitude and biases sit high, so every ReLU6 clips some channels (what equalization must keep exact)."""
+    rng = np.random.default_rng(seed)
+
+    def w(shape: tuple[int, ...]) -> np.ndarray:
+        spread = np.exp(rng.uniform(-3.5, 3.5, (shape[0],) + (1,) * (len(shape) - 1)))
+        return rng.normal(0, 1.5 / np.sqrt(np.prod(shape[1:])), shape) * spread
+
+    inits = [_init("zero", np.array(0.0)), _init("six", np.array(6.0)), _init("stem_w", w((c, 3, 3, 3))),
+             _init("stem_b", rng.normal(1.0, 1.0, c))]
+    nodes = [_conv("stem", "x", "stem_w", "stem_b", "stem_a", 3),
+             helper.make_node("Clip", ["stem_a", "zero", "six"], ["h0"], name="stem_relu6")]
+    h = c * expand
+    for i in range(blocks):
+        x, p = f"h{i}", f"b{i}_"
+        inits += [_init(p + "ew", w((h, c, 1, 1))), _init(p + "eb", rng.normal(1.0, 1.0, h)),
+                  _init(p + "dw", w((h, 1, 3, 3))), _init(p + "db", rng.normal(1.0, 1.0, h)),
+                  _init(p + "pw", w((c, h, 1, 1))), _init(p + "pb", rng.normal(0, 0.5, c))]
+        nodes += [_conv(p + "expand", x, p + "ew", p + "eb", p + "ea", 1),
+                  helper.make_node("Clip", [p + "ea", "zero", "six"], [p + "er"], name=p + "expand_relu6"),
+                  _conv(p + "depthwise", p + "er", p + "dw", p + "db", p + "da", 3, group=h),
+                  helper.make_node("Clip", [p + "da", "zero", "six"], [p + "dr"], name=p + "depthwise_relu6"),
+                  _conv(p + "project", p + "dr", p + "pw", p + "pb", p + "pa", 1),
+                  helper.make_node("Add", [x, p + "pa"], [f"h{i + 1}"], name=p + "join")]
+    inits += [_init("fc_w", rng.normal(0, 0.3, (5, c))), _init("fc_b", rng.normal(0, 0.5, 5))]
+    nodes += [helper.make_node("GlobalAveragePool", [f"h{blocks}"], ["gap"], name="gap"),
+              helper.make_node("Flatten", ["gap"], ["flat"], name="flat"),
+              helper.make_node("Gemm", ["flat", "fc_w", "fc_b"], ["y"], name="fc", transB=1)]
+    graph = helper.make_graph(
+        nodes, "mobilenet_v2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model

@@ -15,6 +15,7 @@ from netquant.passes.rescale import in_channel_absmax, out_channel_absmax
 from tests.helpers.repair_models import (
     cnn_inputs,
     cnn_model,
+    mobilenet_v2_model,
     ort_run,
     rel,
     run_passes_alone,
@@ -80,6 +81,31 @@ def test_relu6_pairs_are_skipped_unless_asked():
     graph = load_onnx(model)
     assert {(p.first.node.name, p.seconds[0].node.name) for p in find_pairs(graph)} == {("fc1", "fc2")}
     assert len(find_pairs(graph, ClipMode.RELU)) == 3
+
+
+def test_relu6_pairs_are_equalized_exactly_with_per_channel_clips():
+    """MobileNetV2-like chain (ReLU6 that clips 10-40% of some tensors, depthwise convs, residual joins): ClipMode.EXACT
+    equalizes every expand -> depthwise -> project pair and keeps the FP32 outputs (executor and onnxruntime);
+    ClipMode.RELU (AIMET's ReLU6 -> ReLU) equalizes the same pairs but changes the outputs."""
+    model = mobilenet_v2_model()
+    calib = [cnn_inputs(8, s) for s in range(3)]
+    x = cnn_inputs(16, 77)
+    pre = Executor(load_onnx(model)).run({"x": torch.from_numpy(x)}, outputs=["b0_ea", "b1_da"])
+    assert all(float((v > 6).float().mean()) > 0.05 for v in pre.values())  # the clips do act
+    ref = ort_run(model, x)[0]
+    cle = EqualizationPass(absorb_bias=False, clip=ClipMode.EXACT)
+    graph, _ = equalized(model, calib, cle)
+    assert {(r.first, r.seconds) for r in cle.results} == {
+        (f"b{i}_{a}", (f"b{i}_{b}",)) for i in range(2) for a, b in (("expand", "depthwise"), ("depthwise", "project"))}
+    assert all(r.spread_after < r.spread_before / 3 for r in cle.results)
+    assert cle.per_channel_clips == 4
+    mins = [n for n in graph.nodes if n.op_type == "Min"]
+    assert len(mins) == 4 and all(graph.initializers[n.inputs[1]].numel() > 1 for n in mins)
+    assert [n.name for n in graph.nodes if n.op_type == "Clip"] == ["stem_relu6"]  # not equalized: put back
+    assert rel(Executor(graph).run({"x": torch.from_numpy(x)})["y"].numpy(), ref) <= 1e-5
+    assert rel(ort_run(to_onnx(graph), x)[0], ref) <= 1e-5
+    aimet, _ = equalized(model, calib, EqualizationPass(absorb_bias=False, clip=ClipMode.RELU))
+    assert rel(ort_run(to_onnx(aimet), x)[0], ref) > 1e-2
 
 
 def test_equalization_through_quantize_onnx_is_deterministic(tmp_path):

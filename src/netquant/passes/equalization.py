@@ -13,9 +13,12 @@ middle op: the pairs are equalized in turn, `iterations` times or until no scale
 Per-tensor weights then waste no range on channels with small weights; per-channel weights gain through the
 activations between the ops, whose channels become alike.
 
-ReLU6 (Clip(0, 6)) does not commute with per-channel scales: `clip` = ClipMode.SKIP (default) leaves such pairs
-alone; ClipMode.RELU replaces the Clip by Relu on equalized paths (AIMET's choice; not exact where activations
-exceed the clip).
+ReLU6 (Clip(0, 6)) does not commute with per-channel scales: clip(x / s, 0, 6) != clip(x, 0, 6) / s. `clip` =
+ClipMode.SKIP (default) leaves such pairs alone; ClipMode.EXACT rewrites Clip(0, hi) on a pair's path into
+Min(Relu(x), c) with c = hi, which does commute once c is scaled too (min(x / s, c / s) = min(x, c) / s): channel k
+is then clipped at hi / s[k] (a per-channel constant), exact in FP32; a Min whose constant stayed one number (no
+scale moved) goes back to Clip. ClipMode.RELU replaces the Clip by Relu (AIMET's choice; it changes the FP32 model
+wherever a pre-activation exceeds hi: those values are no longer clipped).
 
 High-bias absorption (absorb_bias, needs calibration data): where the path is first -> Relu -> second and the
 second op adds no padding (a 1x1 Conv without pads, a Gemm), a channel whose pre-activation stays above
@@ -59,6 +62,7 @@ class ClipMode(enum.Enum):
     """What equalization does with a Clip (ReLU6) between two ops."""
 
     SKIP = "skip"  # leave the pair alone (exact)
+    EXACT = "exact"  # Clip(0, hi) -> Min(Relu(x), hi / s per channel) (exact)
     RELU = "relu"  # replace Clip(0, hi) by Relu on the path (AIMET; not exact where activations exceed hi)
 
 
@@ -112,6 +116,9 @@ def _walk_up(graph: Graph, tensor: str, clip: ClipMode) -> tuple[LinearOp, list[
             bounds = _clip_bounds(graph, node)
             if clip is ClipMode.SKIP or bounds is None or bounds[0] != 0.0:
                 return None
+        elif op in ("Min", "Max"):  # a per-channel clip of ClipMode.EXACT: one constant operand
+            if len(node.inputs) != 2 or sum(n in graph.initializers for n in node.inputs) != 1:
+                return None
         elif op in ("Add", "Sub"):  # a bias Add right after the linear op (see rescale.Rescaler.plan_fold)
             consts = [i for i, n in enumerate(node.inputs) if n in graph.initializers]
             if len(consts) != 1:
@@ -121,8 +128,8 @@ def _walk_up(graph: Graph, tensor: str, clip: ClipMode) -> tuple[LinearOp, list[
                 return None
         elif op not in HOMOGENEOUS or (op == "MaxPool" and len(node.outputs) > 1 and any(node.outputs[1:])):
             return None
-        src = next(n for n in node.inputs if n and n not in graph.initializers) if op in ("Add", "Sub") \
-            else node.inputs[0]
+        src = next(n for n in node.inputs if n and n not in graph.initializers) \
+            if op in ("Add", "Sub", "Min", "Max") else node.inputs[0]
         if not _single_reader(graph, src):
             return None
         path.append(node)
@@ -166,6 +173,37 @@ def find_pairs(graph: Graph, clip: ClipMode = ClipMode.SKIP) -> list[Pair]:
     return pairs
 
 
+def _split_clip(graph: Graph, clip: Node) -> tuple[Node, Node, Node]:
+    """Clip(x, 0, hi) -> Min(Relu(x), hi) in place (hi a scalar initializer, made per channel by rescaling); the
+    original Clip (for _merge_clip), the Relu and the Min."""
+    original = Node(name=clip.name, op_type="Clip", inputs=list(clip.inputs), outputs=list(clip.outputs),
+                    attrs=dict(clip.attrs), attr_types=dict(clip.attr_types), domain=clip.domain)
+    hi = _clip_bounds(graph, clip)
+    assert hi is not None  # _walk_up accepted it
+    relu = Node(name=graph.fresh_name(f"{clip.name}_relu"), op_type="Relu", inputs=[clip.inputs[0]],
+                outputs=[graph.fresh_name(f"{clip.inputs[0]}_relu")])
+    const = graph.fresh_name(f"{clip.name}_max")
+    graph.initializers[const] = torch.tensor(hi[1], dtype=torch.float32)
+    minimum = Node(name=graph.fresh_name(f"{clip.name}_min"), op_type="Min", inputs=[relu.outputs[0], const],
+                   outputs=list(clip.outputs))
+    graph.replace_node(clip, [relu, minimum])
+    return original, relu, minimum
+
+
+def _merge_clip(graph: Graph, original: Node, relu: Node, minimum: Node) -> int:
+    """Put the Clip back where the Min's constant is still one number (no scale moved it); 1 if the per-channel
+    Min stays."""
+    const = next((n for n in minimum.inputs if n in graph.initializers), None)
+    if const is None or graph.initializers[const].numel() != 1:
+        return 1
+    original.inputs[0] = relu.inputs[0]
+    graph.replace_node(minimum, original)
+    graph.remove_node(relu, reconnect=False)
+    if not graph.consumers(const):
+        del graph.initializers[const]
+    return 0
+
+
 @dataclass(frozen=True)
 class PairResult:
     """One equalized pair: the spread (max / min over channels) of the first op's output-channel ranges before and
@@ -195,6 +233,7 @@ class EqualizationPass(PassBase):
     clip: ClipMode = ClipMode.SKIP
     max_batches: int = 8
     results: list[PairResult] = field(default_factory=list, repr=False)
+    per_channel_clips: int = field(default=0, repr=False)  # ReLU6 kept as Min(Relu(x), c) (ClipMode.EXACT)
 
     name: ClassVar[str] = "equalization"
     stage: ClassVar[Stage] = Stage.GRAPH
@@ -222,6 +261,10 @@ class EqualizationPass(PassBase):
                 for n in p.path:
                     if n.op_type == "Clip":
                         n.op_type, n.inputs, n.attrs, n.attr_types = "Relu", n.inputs[:1], {}, {}
+        clips: list[tuple[Node, Node, Node]] = []
+        if self.clip is ClipMode.EXACT:
+            clips = [_split_clip(graph, n) for p in pairs for n in p.path if n.op_type == "Clip"]
+            pairs = find_pairs(graph, self.clip)
         before = [_spread(out_channel_absmax(p.first, graph.initializers[p.first.weight])) for p in pairs]
         rescaler = Rescaler(graph)
         for _ in ctx.track(range(self.iterations), "equalization", self.iterations):
@@ -230,6 +273,7 @@ class EqualizationPass(PassBase):
                 moved = max(moved, self._equalize(graph, rescaler, p))
             if moved < self.tolerance:
                 break
+        clipped = sum(_merge_clip(graph, *c) for c in clips)
         absorbed = [0] * len(pairs)
         if self.absorb_bias and ctx.calib_data is not None:
             absorbed = self._absorb(graph, pairs, list(itertools.islice(ctx.calib_data, self.max_batches)))
@@ -239,6 +283,7 @@ class EqualizationPass(PassBase):
             self.results.append(res)
             ctx.repairs.append(RepairRecord(self.name, (res.first, *res.seconds), (
                 ("spread_before", b), ("spread_after", after), ("absorbed_channels", n))))
+        self.per_channel_clips = clipped
 
     @staticmethod
     def _equalize(graph: Graph, rescaler: Rescaler, p: Pair) -> float:

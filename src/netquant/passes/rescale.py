@@ -6,7 +6,8 @@ A linear op y = op(x, W) with input channels c and output channels o:
     op(x, W * f_out) + b * f = f * (op(x, W) + b)   (output channel o multiplied by f[o])
 
 and a positively homogeneous op g (Relu, LeakyRelu, PRelu, MaxPool, Identity) commutes with a positive
-per-channel factor: g(f * x) = f * g(x) for f > 0. `fold_channel_scale` multiplies a tensor's channels by f
+per-channel factor: g(f * x) = f * g(x) for f > 0; so do Min / Max with a constant c once c is scaled too:
+min(f * x, f * c) = f * min(x, c) (the per-channel clip that exact equalization makes of a ReLU6). `fold_channel_scale` multiplies a tensor's channels by f
 by rewriting upstream constants (a producer's weights and bias, the bias Add after a MatMul, a
 LayerNormalization's scale and bias); `insert_channel_mul` puts an explicit Mul where nothing folds.
 """
@@ -224,6 +225,19 @@ class Rescaler:
             if not edits or len(node.outputs) > 1 and any(node.outputs[1:]):
                 return None
             return edits
+        if op in ("Min", "Max") and len(node.inputs) == 2:  # min(f x, f c) = f min(x, c) for f > 0
+            consts = [i for i, name in enumerate(node.inputs) if name in g.initializers]
+            if len(consts) != 1:
+                return None
+            ci = consts[0]
+            src = node.inputs[1 - ci]
+            if not self._single_reader(src):
+                return None
+            nc = _channel_const(g.initializers[node.inputs[ci]], f, act_axis, rank)
+            if nc is None:
+                return None
+            rest = self.plan_fold(src, f, act_axis, rank)
+            return None if rest is None else [lambda: set_input(g, node, ci, nc), *rest]
         if op in ("Add", "Sub") and len(node.inputs) == 2:
             # a bias Add right after a linear op only: the quantizer reads it as that op's bias; any other
             # constant operand is quantized as a tensor of its own (per tensor), where a per-channel spread of
