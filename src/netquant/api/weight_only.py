@@ -130,8 +130,8 @@ def quantize_weights(model: str | os.PathLike[str] | torch.nn.Module, output: st
                      seq_len: int = 128, num_calib: int = 32, feeds: Sequence[Feeds] | None = None,
                      example_inputs: Any = None, calib_data: Iterable[Any] | None = None,
                      input_names: Sequence[str] | None = None, opset: int = EXPORT_OPSET,
-                     max_loss: float | None = None, accuracy_level: int = 0, embeddings: bool = False,
-                     progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
+                     max_loss: float | None = None, accuracy_level: int = 0, embeddings: bool = True,
+                     head_bits: int | None = 8, progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
     """Weight-only quantize `model` into `output` (+ `output.data`).
 
     `model`: an ONNX file, or a float torch.nn.Module exported first with netquant's torch -> ONNX path
@@ -143,11 +143,13 @@ def quantize_weights(model: str | os.PathLike[str] | torch.nn.Module, output: st
     algorithms (awq, gptq) need one of them; every algorithm uses them to validate the file against FP32.
     `max_loss` (bits=4): the most sensitive layers go to int8 until 1 - output cosine vs FP32 is within it.
     `embeddings`: the token-embedding Gather tables too (rows in blocks: GatherBlockQuantized or DQ + Gather).
+    `head_bits` (bits=4): the output layer (lm_head: the MatMul writing a graph output, else the last one) and the
+    embedding tables at 8 bits (NNCF's default backup precision), or 4 / None like the other layers.
     `accuracy_level` 4 lets onnxruntime's MatMulNBits quantize activations to int8 (faster on CPUs; validated too).
     """
     config = WeightOnlyConfig(bits, block_size, symmetric, _enum(WeightAlgorithm, algorithm, "algorithm"),  # type: ignore[arg-type]
                               _enum(WeightOnlyFormat, format, "format"), act_order, tuple(exclude),  # type: ignore[arg-type]
-                              max_loss, accuracy_level, embeddings)
+                              max_loss, accuracy_level, embeddings, head_bits)
     if isinstance(model, torch.nn.Module):
         return _quantize_module_weights(model, output, config, example_inputs, calib_data, feeds, input_names, opset,
                                         progress)
