@@ -33,6 +33,7 @@ from netquant.passes.weight_only import (
     load_weightless,
     plan_weight_only,
 )
+from netquant.platforms.threads import thread_scope
 
 Feeds = dict[str, np.ndarray]
 _PROTO_LIMIT = 1_800_000_000  # bytes: a larger exported module is saved with external data
@@ -56,9 +57,19 @@ class WeightOnlyResult:
 
 def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.PathLike[str],
                           config: WeightOnlyConfig, feeds: Sequence[Feeds] = (),
-                          progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
+                          progress: Callable[[str], None] | None = None,
+                          threads: int | str | None = "auto") -> WeightOnlyResult:
     """Weight-only quantize `model_path` into `output` (+ `output.data`), validated in onnxruntime. `feeds`: calibration
-    inputs by name (needed by AWQ / GPTQ and max_loss; without them the file is checked on random inputs)."""
+    inputs by name (needed by AWQ / GPTQ and max_loss; without them the file is checked on random inputs). `threads`:
+    torch and onnxruntime intra-op threads of the run (platforms.threads: 'auto' leaves out the CPUs other work keeps
+    busy; the block math on a busy machine is many times slower with more threads than free CPUs)."""
+    with thread_scope(threads):
+        return _quantize_weights_onnx(model_path, output, config, feeds, progress)
+
+
+def _quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.PathLike[str],
+                           config: WeightOnlyConfig, feeds: Sequence[Feeds],
+                           progress: Callable[[str], None] | None) -> WeightOnlyResult:
     start = time.perf_counter()
     out = Path(output).resolve()
     model, src = load_weightless(model_path, [out, out.with_name(out.name + ".data")])

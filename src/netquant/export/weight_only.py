@@ -31,6 +31,7 @@ from onnx import TensorProto, helper, numpy_helper
 from netquant.core.blockwise import BlockQuantized, BlockSpec, WeightOnlyFormat, pack_codes
 from netquant.errors import ExportError
 from netquant.graph.weights import EmbeddingGather, ExternalDataReader, WeightMatMul, consumers_of
+from netquant.platforms.threads import apply_to_session_options
 
 MS_DOMAIN = "com.microsoft"
 EXTERNAL_THRESHOLD = 1024  # bytes: tensors at least this large go to the external-data file
@@ -271,8 +272,10 @@ def engine_cosines(staged: Path, names: Sequence[str], feeds: Sequence[dict[str,
     onnxruntime cannot run, or with non-finite outputs, is an ExportError."""
     import onnxruntime as ort
 
+    opts = ort.SessionOptions()
+    apply_to_session_options(opts)  # the thread_scope's threads, if any
     try:
-        session = ort.InferenceSession(str(staged), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(staged), opts, providers=["CPUExecutionProvider"])
         outputs = [session.run(list(names), feed) for feed in feeds]
     except Exception as exc:
         raise ExportError(f"the weight-only file failed in onnxruntime, nothing written: {type(exc).__name__}: "

@@ -41,6 +41,7 @@ from netquant.graph.weights import (
     find_embedding_gathers,
     find_weight_matmuls,
 )
+from netquant.platforms.threads import apply_to_session_options
 
 Feeds = dict[str, np.ndarray]
 _NORM_SCALE_INPUT = {("", "LayerNormalization"): (1, 2), ("", "SimplifiedLayerNormalization"): (1, None),
@@ -139,6 +140,7 @@ class OrtModelSession:
                 probe.graph.output.append(helper.make_empty_tensor_value_info(name))
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        apply_to_session_options(opts)  # the thread_scope's threads, if any
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
         self.session = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
