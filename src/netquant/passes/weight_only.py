@@ -55,7 +55,7 @@ class WeightAlgorithm(enum.Enum):
 
     RTN = "rtn"    # round to nearest, block min / max
     HQQ = "hqq"    # clip search + half-quadratic scale / zero refinement (no data)
-    AWQ = "awq"    # activation-aware channel scaling + clip search weighted by activations
+    AWQ = "awq"    # activation-aware channel scaling (alpha searched on the output error), then RTN
     GPTQ = "gptq"  # Hessian-based error compensation
 
     @property
