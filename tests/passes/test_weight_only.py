@@ -94,6 +94,9 @@ def test_llm_with_external_data_round_trips_and_data_aware_beats_rtn(tmp_path: P
         assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 15
         # default head_bits=8: lm_head and the embedding table in int8 (NNCF's backup precision), the rest int4
         assert [r.bits for r in result.layers] == [4] * 14 + [8, 8] and result.layers[-1].n == 96  # the table last
+        levels = [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+                  if a.name == "accuracy_level"]
+        assert levels == [0] * 14 + [4]  # 8-bit lm_head: onnxruntime's fast int8 kernel
         assert sum(n.op_type == "GatherBlockQuantized" for n in model.graph.node) == 1
         assert result.output_bytes < 0.35 * result.source_bytes
         got = ort.InferenceSession(str(out)).run(None, held_out[0])[0]
@@ -117,7 +120,10 @@ def test_netquant_executor_runs_the_weight_only_file_as_onnxruntime(tmp_path: Pa
 
     src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
     feeds = token_feeds(2)
-    quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, WeightAlgorithm.HQQ), feeds)
+    # head_bits=None: every layer 4-bit at accuracy_level 0 (the executor computes MatMulNBits in float, level 0;
+    # an int4 model's 8-bit layers are written at level 4, int8 activations, which it does not emulate)
+    quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, WeightAlgorithm.HQQ, head_bits=None),
+                          feeds)
     model = onnx.load(str(tmp_path / "q.onnx"))
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL

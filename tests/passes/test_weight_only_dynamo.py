@@ -35,11 +35,13 @@ def test_dynamo_decoder_with_kv_cache_quantizes_and_runs(tmp_path: Path, kind: s
     model = onnx.load(str(src), load_external_data=False)
     feeds = decoder_feeds(model, np.random.default_rng(0).integers(0, 128, size=(6, 12)))  # empty caches
     out = tmp_path / "q.onnx"
-    result = quantize_weights_onnx(src, out, WeightOnlyConfig(4, 32, True, WeightAlgorithm.GPTQ), feeds)
-    # 7 linears a layer + lm_head as MatMulNBits (lm_head in int8, head_bits=8), the embedding GatherBlockQuantized
+    # head_bits=None: lm_head and the embedding in int4 too, every MatMulNBits at accuracy_level 0 (float compute,
+    # what the executor computes; the default int8 lm_head runs at level 4 in onnxruntime)
+    result = quantize_weights_onnx(src, out, WeightOnlyConfig(4, 32, True, WeightAlgorithm.GPTQ, head_bits=None), feeds)
+    # 7 linears a layer + lm_head as MatMulNBits, the embedding GatherBlockQuantized
     ops = [n.op_type for n in onnx.load(str(out), load_external_data=False).graph.node]
     assert ops.count("MatMulNBits") == 15 and ops.count("GatherBlockQuantized") == 1
-    assert [r.bits for r in result.layers] == [4] * 14 + [8, 8]
+    assert [r.bits for r in result.layers] == [4] * 16
     assert min(result.cosine.values()) > 0.99  # logits and every present tensor, prefill
     # a decode step with a 12-token cache: the quantized file follows FP32
     fp32, q = _session(src), _session(out)
@@ -48,7 +50,8 @@ def test_dynamo_decoder_with_kv_cache_quantizes_and_runs(tmp_path: Path, kind: s
             **dict(zip(names[2:], prefill[1:], strict=True))}
     want, got = fp32.run(None, step), q.run(None, step)
     assert got[1].shape == (1, 2, 13, 16)
-    assert all(cosine(g, w) > 0.99 for g, w in zip(got, want, strict=True))
+    agreement = [cosine(g, w) for g, w in zip(got, want, strict=True)]
+    assert min(agreement) > 0.97, agreement  # all int4, embedding and lm_head included: one-token logits
     # the netquant executor runs the weight-only file (MatMulNBits, GatherBlockQuantized, the exporter's ops) as ORT
     ours = run_model(onnx.load(str(out)), [step[i.name] for i in q.get_inputs()])
     for a, b in zip(ours, got, strict=True):

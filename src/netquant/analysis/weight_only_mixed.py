@@ -53,7 +53,7 @@ def search_mixed_bits(plan: WeightOnlyPlan, config: WeightOnlyConfig,
                      for c, t in zip(copies, targets, strict=True)}
             tables = [(EmbeddingGather(candidate.graph.node[nodes.index(g.node)], g.table, g.vocab, g.dim), bq)
                       for g, bq in plan.embeddings]
-            rewrite_all(candidate, copies, codes, config.fmt, config.accuracy_level, tables)
+            rewrite_all(candidate, copies, codes, config.fmt, config.accuracy_level, tables, config.wide_level)
             ensure_opsets(candidate, config.fmt)
             session = OrtModelSession(candidate, plan.source.parent)
             try:

@@ -77,7 +77,8 @@ def _quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.
         model = upgrade_opset(model, 21)
     plan = plan_weight_only(model, src, config, feeds, progress)
     mixed = search_mixed_bits(plan, config, progress) if config.max_loss is not None else None
-    rewrite_all(plan.model, plan.targets, plan.codes, config.fmt, config.accuracy_level, plan.embeddings)
+    rewrite_all(plan.model, plan.targets, plan.codes, config.fmt, config.accuracy_level, plan.embeddings,
+                config.wide_level)
     files, cosine = write_weight_only(plan.model, out, plan.reader, config.fmt, plan.feeds[: len(plan.reference)],
                                       plan.reference)
     return WeightOnlyResult(out, files, plan.records, plan.skipped, cosine, model_bytes(src),
