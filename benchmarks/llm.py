@@ -43,7 +43,7 @@ from netquant.api.zoo_decoder import (
 from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig
 
 SMALL = DecoderConfig(vocab=256, dim=320, layers=8, heads=10, kv_heads=5, hidden=864, max_positions=512)
-BIG = DecoderConfig(vocab=32000, dim=2048, layers=16, heads=32, kv_heads=8, hidden=5632, max_positions=2048)
+BIG = DecoderConfig(vocab=32000, dim=2048, layers=20, heads=32, kv_heads=8, hidden=5632, max_positions=2048)
 SEQ = 128
 TRAIN_STEPS = 400
 BATCH = 8
@@ -243,7 +243,14 @@ def _peer_row(rows: list[str], label: str, block: int, run, out: Path, evals: np
 
 
 def part_accuracy(workdir: Path, rows: list[str]) -> None:
+    from netquant.platforms.threads import thread_scope
+
     model, info = train(workdir)
+    with thread_scope("auto") as threads:  # netquant's thread policy; the peers run under the same count
+        _accuracy_rows(workdir, rows, model, info, threads)
+
+
+def _accuracy_rows(workdir: Path, rows: list[str], model: Decoder, info: dict, threads: int) -> None:
     train_ids, held, what = corpus()
     src = workdir / "small_fp32.onnx"
     weights = model.onnx_weights()
@@ -260,20 +267,24 @@ def part_accuracy(workdir: Path, rows: list[str]) -> None:
              f"d {SMALL.dim}, {SMALL.heads} heads / {SMALL.kv_heads} KV heads, SwiGLU {SMALL.hidden}), trained "
              f"{info['steps']} steps x {info['batch']} x {info['seq']} bytes in {info['train_seconds'] / 60:.1f} min "
              f"({info['threads']} threads) on {info['corpus']}; held-out: last 5%, 64 windows of {SEQ} bytes; "
-             "calibration: 32 training windows. Symmetric int4 blocks everywhere; every MatMul (lm_head included) is "
-             "quantized unless a row says otherwise; peers with their defaults.", "",
+             "calibration: 32 training windows. Symmetric int4 blocks; netquant's default keeps lm_head and the "
+             "embedding table in int8 (head_bits=8, like NNCF's default backup precision; the 'like ORT' rows quantize "
+             "lm_head in int4 and keep the embedding float, as ORT's quantizer does); peers with their defaults. Every "
+             f"quantizer (netquant and peers) runs with {threads} torch / onnxruntime thread(s) (netquant's thread "
+             "policy on this load), one after the other in this run.", "",
              "| setting | block | bits/byte | perplexity (per byte) | delta ppl vs FP32 | file MB | quantize s |",
              "|---|---|---|---|---|---|---|",
              f"| FP32 | - | {fp32:.4f} | {2 ** fp32:.4f} | - | {_mb(src)} | - |"]
     settings = [(8, 128, "rtn", {})] + [(4, b, a, {}) for b in (32, 128) for a in ("rtn", "hqq", "awq", "gptq")]
-    settings += [(4, b, "gptq", {"embeddings": True}) for b in (32, 128)]
-    settings += [(4, b, "gptq", {"max_loss": 2e-4}) for b in (32, 128)]
+    settings += [(4, b, a, {"head_bits": 4, "embeddings": False}) for b in (32, 128) for a in ("rtn", "hqq")]
+    settings += [(4, 128, "gptq", {"max_loss": 2e-4})]
     for bits, block, algo, extra in settings:
         tag = "".join(f"_{k}" for k in extra)
         out = workdir / f"small_int{bits}_{algo}_b{block}{tag}.onnx"
         r = quantize_weights_onnx(src, out, WeightOnlyConfig(bits, block, True, WeightAlgorithm(algo), **extra), feeds)
         bpb = bits_per_byte(out, evals)
-        label = f"netquant int{bits} {algo}" + (" + embeddings" if "embeddings" in extra else "") + (
+        label = f"netquant int{bits} {algo}" + (" lm_head int4, embedding float (like ORT)" if "head_bits" in extra
+                                                else "") + (
             f" + mixed int8 (max_loss {extra['max_loss']}: {r.mixed.int8_layers} of {len(r.layers)} layers int8)"
             if r.mixed is not None else "")
         rows.append(f"| {label} | {block} | {bpb:.4f} | {2 ** bpb:.4f} | "
@@ -291,6 +302,27 @@ def part_accuracy(workdir: Path, rows: list[str]) -> None:
         out = workdir / f"small_nncf_awq_b{block}.onnx"
         _peer_row(rows, "NNCF compress_weights INT4_SYM + AWQ + scale estimation", block,
                   lambda out=out, block=block: nncf_peer(src, out, block, "INT4_SYM", feeds), out, evals, fp32)
+    rows.append("")
+    _time_rows(src, workdir, rows)
+
+
+def _time_rows(src: Path, workdir: Path, rows: list[str], reps: int = 3) -> None:
+    """Quantization time, netquant vs ORT's quantizer, run alternately (same load): median of `reps` each."""
+    rows += ["Quantization time, run alternately (netquant, then ORT, `reps` times; median seconds; same threads):",
+             "", "| algorithm | block | netquant s | ORT matmul_nbits_quantizer s |", "|---|---|---|---|"]
+    rows[-4] = rows[-4].replace("`reps`", str(reps))
+    for block in (32, 128):
+        for algo in ("rtn", "hqq"):
+            ours, peer = [], []
+            for _ in range(reps):
+                out = workdir / f"time_{algo}_{block}.onnx"
+                ours.append(quantize_weights_onnx(src, out, WeightOnlyConfig(4, block, True, WeightAlgorithm(algo)))
+                            .seconds)
+                for stale in (out, out.with_name(out.name + ".data")):
+                    stale.unlink(missing_ok=True)
+                peer.append(ort_peer(src, out, block, algo))
+            rows.append(f"| {algo} | {block} | {sorted(ours)[reps // 2]:.2f} | {sorted(peer)[reps // 2]:.2f} |")
+            print(rows[-1], flush=True)
     rows.append("")
 
 

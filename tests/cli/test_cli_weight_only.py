@@ -26,7 +26,7 @@ def test_weight_only_awq_from_token_file(tmp_path: Path) -> None:
                                    "-o", str(out)])
     assert res.exit_code == 0, res.output
     text = " ".join(res.output.split())
-    assert "15 weights quantized" in text and "cosine 0.9" in text
+    assert "16 weights quantized (2 in int8" in text and "cosine 0.9" in text
     m = onnx.load(str(out), load_external_data=False)
     assert sum(n.op_type == "MatMulNBits" for n in m.graph.node) == 15
     ids = np.random.default_rng(5).integers(0, 96, size=(1, 16))

@@ -50,7 +50,7 @@ def test_file_computes_the_dequantized_weights_in_onnxruntime(tmp_path: Path, fm
     w = _one_matmul(tmp_path / "m.onnx", k, 24)
     x = np.random.default_rng(1).standard_normal((2, 3, k)).astype(np.float32)
     config = WeightOnlyConfig(bits, 32 if k % 32 == 0 or fmt is WeightOnlyFormat.MATMUL_NBITS else 16, symmetric,
-                              WeightAlgorithm.RTN, fmt)
+                              WeightAlgorithm.RTN, fmt, head_bits=None)  # the one MatMul is the output layer
     result = quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / "q.onnx", config, [{"x": x}])
     expected = x @ quantize_rtn(torch.from_numpy(w), config.spec).dequantize().numpy()
     np.testing.assert_allclose(_run(tmp_path / "q.onnx", x), expected, rtol=1e-4, atol=1e-4)
@@ -68,7 +68,7 @@ def test_gemm_with_bias_and_transposed_weight(tmp_path: Path) -> None:
     x = np.random.default_rng(2).standard_normal((3, 64)).astype(np.float32)
     for fmt in WeightOnlyFormat:
         quantize_weights_onnx(tmp_path / "m.onnx", tmp_path / f"q_{fmt.value}.onnx",
-                              WeightOnlyConfig(4, 32, False, WeightAlgorithm.RTN, fmt), [{"x": x}])
+                              WeightOnlyConfig(4, 32, False, WeightAlgorithm.RTN, fmt, head_bits=None), [{"x": x}])
         got = _run(tmp_path / f"q_{fmt.value}.onnx", x)
         expected = x @ quantize_rtn(torch.from_numpy(w), BlockSpec(4, 32, False)).dequantize().numpy() + np.arange(16)
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
@@ -91,7 +91,13 @@ def test_llm_with_external_data_round_trips_and_data_aware_beats_rtn(tmp_path: P
         assert out.with_name(out.name + ".data").is_file()
         model = onnx.load(str(out), load_external_data=False)
         assert sum(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer) >= 15
-        assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == len(result.layers) == 15
+        assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == 15
+        # default head_bits=8: lm_head and the embedding table in int8 (NNCF's backup precision), the rest int4
+        assert [r.bits for r in result.layers] == [4] * 14 + [8, 8] and result.layers[-1].n == 96  # the table last
+        levels = [a.i for n in model.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+                  if a.name == "accuracy_level"]
+        assert levels == [0] * 14 + [4]  # 8-bit lm_head: onnxruntime's fast int8 kernel
+        assert sum(n.op_type == "GatherBlockQuantized" for n in model.graph.node) == 1
         assert result.output_bytes < 0.35 * result.source_bytes
         got = ort.InferenceSession(str(out)).run(None, held_out[0])[0]
         errors[alg] = float(((got - ref) ** 2).mean())
@@ -114,7 +120,10 @@ def test_netquant_executor_runs_the_weight_only_file_as_onnxruntime(tmp_path: Pa
 
     src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
     feeds = token_feeds(2)
-    quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, WeightAlgorithm.HQQ), feeds)
+    # head_bits=None: every layer 4-bit at accuracy_level 0 (the executor computes MatMulNBits in float, level 0;
+    # an int4 model's 8-bit layers are written at level 4, int8 activations, which it does not emulate)
+    quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, WeightAlgorithm.HQQ, head_bits=None),
+                          feeds)
     model = onnx.load(str(tmp_path / "q.onnx"))
     opts = ort.SessionOptions()
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -126,10 +135,12 @@ def test_netquant_executor_runs_the_weight_only_file_as_onnxruntime(tmp_path: Pa
 def test_mixed_int4_int8_meets_the_budget_with_the_fewest_int8_layers(tmp_path: Path) -> None:
     src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
     feeds = token_feeds(4)
-    plain = quantize_weights_onnx(src, tmp_path / "q4.onnx", WeightOnlyConfig(4, 32, True), feeds)
+    only4 = {"embeddings": False, "head_bits": None}  # every MatMul a candidate, nothing int4 the search cannot fix
+    plain = quantize_weights_onnx(src, tmp_path / "q4.onnx", WeightOnlyConfig(4, 32, True, **only4), feeds)
     loss4 = 1 - plain.cosine["logits"]
     budget = loss4 / 3
-    mixed = quantize_weights_onnx(src, tmp_path / "qm.onnx", WeightOnlyConfig(4, 32, True, max_loss=budget), feeds)
+    mixed = quantize_weights_onnx(src, tmp_path / "qm.onnx",
+                                  WeightOnlyConfig(4, 32, True, max_loss=budget, **only4), feeds)
     search = mixed.mixed
     assert search is not None and search.met and 0 < search.int8_layers < 15
     assert 1 - mixed.cosine["logits"] <= budget + 1e-9  # the written file, checked again in onnxruntime
@@ -155,8 +166,9 @@ def test_without_calibration_data_the_file_is_still_checked_in_onnxruntime(tmp_p
 @pytest.mark.parametrize("fmt", list(WeightOnlyFormat))
 def test_embedding_tables_quantized_per_row_blocks(tmp_path: Path, fmt: WeightOnlyFormat) -> None:
     src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
-    plain = quantize_weights_onnx(src, tmp_path / "q.onnx", WeightOnlyConfig(4, 32, False, fmt=fmt))
-    emb = quantize_weights_onnx(src, tmp_path / "qe.onnx", WeightOnlyConfig(4, 32, False, fmt=fmt, embeddings=True))
+    plain = quantize_weights_onnx(src, tmp_path / "q.onnx",
+                                  WeightOnlyConfig(4, 32, False, fmt=fmt, embeddings=False, head_bits=None))
+    emb = quantize_weights_onnx(src, tmp_path / "qe.onnx", WeightOnlyConfig(4, 32, False, fmt=fmt, head_bits=None))
     assert len(emb.layers) == len(plain.layers) + 1 and emb.layers[-1].n == 96  # the 96 x 64 table
     assert emb.output_bytes < plain.output_bytes - 96 * 64 * 4 * 0.7
     model = onnx.load(str(tmp_path / "qe.onnx"), load_external_data=False)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import onnx
 
 from netquant.export.weight_only import cosine, ensure_opsets, rewrite_all
-from netquant.graph.weights import WeightMatMul
+from netquant.graph.weights import EmbeddingGather, WeightMatMul
 from netquant.passes.weight_only import OrtModelSession, WeightOnlyConfig, WeightOnlyPlan
 
 
@@ -34,7 +34,9 @@ def search_mixed_bits(plan: WeightOnlyPlan, config: WeightOnlyConfig,
                       progress: Callable[[str], None] | None = None) -> MixedSearch:
     """Choose the int8 layers (module docstring); sets the chosen records' bits to 8 and their codes in `plan.codes`."""
     targets, records = plan.targets, plan.records
-    order = sorted(range(len(targets)), key=lambda i: (-(records[i].sensitivity or 0.0), i))
+    # layers already at 8 bits (the output layer with head_bits=8) are not candidates
+    order = sorted((i for i in range(len(targets)) if plan.codes[id(targets[i].node)].spec.bits == 4),
+                   key=lambda i: (-(records[i].sensitivity or 0.0), i))
     tried: dict[int, float] = {}
     names = plan.output_names
     feeds = plan.feeds[: len(plan.reference)]
@@ -49,7 +51,9 @@ def search_mixed_bits(plan: WeightOnlyPlan, config: WeightOnlyConfig,
                                    t.transposed, t.bias) for t in targets]
             codes = {id(c.node): (plan.wide if id(t.node) in wide else plan.codes)[id(t.node)]
                      for c, t in zip(copies, targets, strict=True)}
-            rewrite_all(candidate, copies, codes, config.fmt, config.accuracy_level)
+            tables = [(EmbeddingGather(candidate.graph.node[nodes.index(g.node)], g.table, g.vocab, g.dim), bq)
+                      for g, bq in plan.embeddings]
+            rewrite_all(candidate, copies, codes, config.fmt, config.accuracy_level, tables, config.wide_level)
             ensure_opsets(candidate, config.fmt)
             session = OrtModelSession(candidate, plan.source.parent)
             try:
@@ -65,7 +69,7 @@ def search_mixed_bits(plan: WeightOnlyPlan, config: WeightOnlyConfig,
         return tried[k]
 
     budget = float(config.max_loss or 0.0)
-    n = len(targets)
+    n = len(order)
     if loss(0) <= budget:
         k, met = 0, True
     elif loss(n) > budget:

@@ -33,6 +33,7 @@ from netquant.passes.weight_only import (
     load_weightless,
     plan_weight_only,
 )
+from netquant.platforms.threads import thread_scope
 
 Feeds = dict[str, np.ndarray]
 _PROTO_LIMIT = 1_800_000_000  # bytes: a larger exported module is saved with external data
@@ -56,9 +57,19 @@ class WeightOnlyResult:
 
 def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.PathLike[str],
                           config: WeightOnlyConfig, feeds: Sequence[Feeds] = (),
-                          progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
+                          progress: Callable[[str], None] | None = None,
+                          threads: int | str | None = "auto") -> WeightOnlyResult:
     """Weight-only quantize `model_path` into `output` (+ `output.data`), validated in onnxruntime. `feeds`: calibration
-    inputs by name (needed by AWQ / GPTQ and max_loss; without them the file is checked on random inputs)."""
+    inputs by name (needed by AWQ / GPTQ and max_loss; without them the file is checked on random inputs). `threads`:
+    torch and onnxruntime intra-op threads of the run (platforms.threads: 'auto' leaves out the CPUs other work keeps
+    busy; the block math on a busy machine is many times slower with more threads than free CPUs)."""
+    with thread_scope(threads):
+        return _quantize_weights_onnx(model_path, output, config, feeds, progress)
+
+
+def _quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.PathLike[str],
+                           config: WeightOnlyConfig, feeds: Sequence[Feeds],
+                           progress: Callable[[str], None] | None) -> WeightOnlyResult:
     start = time.perf_counter()
     out = Path(output).resolve()
     model, src = load_weightless(model_path, [out, out.with_name(out.name + ".data")])
@@ -66,7 +77,8 @@ def quantize_weights_onnx(model_path: str | os.PathLike[str], output: str | os.P
         model = upgrade_opset(model, 21)
     plan = plan_weight_only(model, src, config, feeds, progress)
     mixed = search_mixed_bits(plan, config, progress) if config.max_loss is not None else None
-    rewrite_all(plan.model, plan.targets, plan.codes, config.fmt, config.accuracy_level, plan.embeddings)
+    rewrite_all(plan.model, plan.targets, plan.codes, config.fmt, config.accuracy_level, plan.embeddings,
+                config.wide_level)
     files, cosine = write_weight_only(plan.model, out, plan.reader, config.fmt, plan.feeds[: len(plan.reference)],
                                       plan.reference)
     return WeightOnlyResult(out, files, plan.records, plan.skipped, cosine, model_bytes(src),
@@ -130,8 +142,8 @@ def quantize_weights(model: str | os.PathLike[str] | torch.nn.Module, output: st
                      seq_len: int = 128, num_calib: int = 32, feeds: Sequence[Feeds] | None = None,
                      example_inputs: Any = None, calib_data: Iterable[Any] | None = None,
                      input_names: Sequence[str] | None = None, opset: int = EXPORT_OPSET,
-                     max_loss: float | None = None, accuracy_level: int = 0, embeddings: bool = False,
-                     progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
+                     max_loss: float | None = None, accuracy_level: int = 0, embeddings: bool = True,
+                     head_bits: int | None = 8, progress: Callable[[str], None] | None = None) -> WeightOnlyResult:
     """Weight-only quantize `model` into `output` (+ `output.data`).
 
     `model`: an ONNX file, or a float torch.nn.Module exported first with netquant's torch -> ONNX path
@@ -143,11 +155,13 @@ def quantize_weights(model: str | os.PathLike[str] | torch.nn.Module, output: st
     algorithms (awq, gptq) need one of them; every algorithm uses them to validate the file against FP32.
     `max_loss` (bits=4): the most sensitive layers go to int8 until 1 - output cosine vs FP32 is within it.
     `embeddings`: the token-embedding Gather tables too (rows in blocks: GatherBlockQuantized or DQ + Gather).
+    `head_bits` (bits=4): the output layer (lm_head: the MatMul writing a graph output, else the last one) and the
+    embedding tables at 8 bits (NNCF's default backup precision), or 4 / None like the other layers.
     `accuracy_level` 4 lets onnxruntime's MatMulNBits quantize activations to int8 (faster on CPUs; validated too).
     """
     config = WeightOnlyConfig(bits, block_size, symmetric, _enum(WeightAlgorithm, algorithm, "algorithm"),  # type: ignore[arg-type]
                               _enum(WeightOnlyFormat, format, "format"), act_order, tuple(exclude),  # type: ignore[arg-type]
-                              max_loss, accuracy_level, embeddings)
+                              max_loss, accuracy_level, embeddings, head_bits)
     if isinstance(model, torch.nn.Module):
         return _quantize_module_weights(model, output, config, example_inputs, calib_data, feeds, input_names, opset,
                                         progress)

@@ -251,7 +251,11 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--seq-len", type=click.IntRange(min=1), default=128, show_default=True,
               help="Weight-only: tokens per calibration window.")
 @click.option("--act-order", is_flag=True, help="Weight-only GPTQ: quantize columns by descending Hessian diagonal.")
-@click.option("--embeddings", is_flag=True, help="Weight-only: also the token-embedding tables (per-row blocks).")
+@click.option("--embeddings/--no-embeddings", default=True, show_default=True,
+              help="Weight-only: also the token-embedding tables (per-row blocks).")
+@click.option("--head-bits", type=click.Choice(["8", "4"]), default="8", show_default=True,
+              help="Weight-only int4: bits of the output layer (lm_head) and embedding tables (8: NNCF's default "
+                   "backup precision; 4: like the other layers).")
 @click.option("--accuracy-level", type=click.IntRange(0, 4), default=0, show_default=True,
               help="Weight-only MatMulNBits: 0 float compute, 4 int8 activations (faster CPU kernels).")
 @click.option("--min-cosine", type=float, default=None,
@@ -274,9 +278,10 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
              max_loss: float | None, placement_path: Path | None, placement_from: Path | None,
              weight_only: str | None = None, block_size: int = 128, algorithm: str = "rtn", asymmetric: bool = False,
              wo_format: str = "matmulnbits", tokenizer: Path | None = None, seq_len: int = 128,
-             act_order: bool = False, embeddings: bool = False, accuracy_level: int = 0, threads: str = "auto",
+             act_order: bool = False, embeddings: bool = True, accuracy_level: int = 0, threads: str = "auto",
              nproc: int = 1, min_cosine: float | None = None, allow_float: bool = False,
-             min_int8_fraction: float | None = None, overwrite: bool = False, effort: str = "default") -> None:
+             min_int8_fraction: float | None = None, overwrite: bool = False, effort: str = "default",
+             head_bits: str = "8") -> None:
     """Quantize MODEL.onnx for a platform and write a validated QDQ model."""
     import netquant
     from netquant.cli.distributed import local_group, torchrun_rank
@@ -301,7 +306,7 @@ def quantize(model: Path, platform_name: str, calib: str, output: Path, num_cali
         exclude = tuple(s.strip() for op in fp32_ops for s in op.split(",") if s.strip())
         return run_weight_only(console, model, output, weight_only, block_size, algorithm.lower(), asymmetric,
                                wo_format.lower(), calib, tokenizer, seq_len, num_calib, act_order, exclude, seed,
-                               max_loss, embeddings, accuracy_level)
+                               max_loss, embeddings, accuracy_level, int(head_bits))
     platform = get_platform(platform_name)  # unknown names: ConfigError listing the valid ones
     _check_report_path(report_path)
     check_opset_request(opset, "--opset")

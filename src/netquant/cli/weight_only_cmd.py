@@ -16,7 +16,8 @@ WEIGHT_ONLY_BITS = {"int4": 4, "int8": 8}
 def run_weight_only(console: Console, model: Path, output: Path, weight_only: str, block_size: int, algorithm: str,
                     asymmetric: bool, fmt: str, calib: str, tokenizer: Path | None, seq_len: int,
                     num_calib: int | None, act_order: bool, exclude: tuple[str, ...], seed: int,
-                    max_loss: float | None = None, embeddings: bool = False, accuracy_level: int = 0) -> None:
+                    max_loss: float | None = None, embeddings: bool = True, accuracy_level: int = 0,
+                    head_bits: int = 8) -> None:
     """Plan the outputs (never an input), quantize, print what was written and the check against FP32."""
     from netquant.api.weight_only import quantize_weights
     from netquant.data.tokens import decoder_feeds, random_windows
@@ -41,9 +42,12 @@ def run_weight_only(console: Console, model: Path, output: Path, weight_only: st
                                   algorithm=algorithm, format=fmt, act_order=act_order, exclude=exclude,
                                   calib=calib_path, tokenizer=tokenizer, seq_len=seq_len, num_calib=num_calib or 32,
                                   feeds=feeds, max_loss=max_loss, embeddings=embeddings,
-                                  accuracy_level=accuracy_level, progress=lambda m: status.update(m))
+                                  accuracy_level=accuracy_level, head_bits=head_bits,
+                                  progress=lambda m: status.update(m))
     mb = 1 << 20
+    wide = sum(r.bits == 8 for r in result.layers) if bits == 4 and result.mixed is None else 0
     console.print(f"{weight_only} {algorithm} block {block_size}: {len(result.layers)} weights quantized"
+                  + (f" ({wide} in int8: output layer / embeddings, --head-bits)" if wide else "")
                   + (f", {len(result.skipped)} excluded" if result.skipped else "")
                   + f"; {result.source_bytes / mb:.1f} MB -> {result.output_bytes / mb:.1f} MB in {result.seconds:.1f} s")
     if result.mixed is not None:

@@ -41,6 +41,7 @@ from netquant.graph.weights import (
     find_embedding_gathers,
     find_weight_matmuls,
 )
+from netquant.platforms.threads import apply_to_session_options
 
 Feeds = dict[str, np.ndarray]
 _NORM_SCALE_INPUT = {("", "LayerNormalization"): (1, 2), ("", "SimplifiedLayerNormalization"): (1, None),
@@ -54,7 +55,7 @@ class WeightAlgorithm(enum.Enum):
 
     RTN = "rtn"    # round to nearest, block min / max
     HQQ = "hqq"    # clip search + half-quadratic scale / zero refinement (no data)
-    AWQ = "awq"    # activation-aware channel scaling + clip search weighted by activations
+    AWQ = "awq"    # activation-aware channel scaling (alpha searched on the output error), then RTN
     GPTQ = "gptq"  # Hessian-based error compensation
 
     @property
@@ -73,7 +74,9 @@ class WeightOnlyConfig:
     exclude: tuple[str, ...] = ()
     max_loss: float | None = None  # mixed int4 / int8 within this output loss (1 - cosine vs FP32); None: all `bits`
     accuracy_level: int = 0  # MatMulNBits: 0 float compute, 4 int8 activations (onnxruntime's fast int8 kernels)
-    embeddings: bool = False  # also the Gather tables (token embeddings): GatherBlockQuantized / blocked DQ + Gather
+    embeddings: bool = True  # also the Gather tables (token embeddings): GatherBlockQuantized / blocked DQ + Gather
+    head_bits: int | None = 8  # with bits=4: the output layer (lm_head) and embedding tables at this many bits
+    #                            (8: NNCF's default backup precision; 4 or None: like every other layer)
 
     def __post_init__(self) -> None:
         if self.max_loss is not None and (not math.isfinite(self.max_loss) or not 0 <= self.max_loss < 1):
@@ -82,10 +85,32 @@ class WeightOnlyConfig:
             raise ConfigError(f"weight-only accuracy_level={self.accuracy_level}: use 0 (float) .. 4 (int8 activations)")
         if self.max_loss is not None and self.bits != 4:
             raise ConfigError("weight-only max_loss mixes int4 and int8 layers: use it with bits=4")
+        if self.head_bits not in (None, 4, 8):
+            raise ConfigError(f"weight-only head_bits={self.head_bits}: use 8 (lm_head and embeddings in int8), 4 or "
+                              "None (like the other layers)")
 
     @property
     def spec(self) -> BlockSpec:
         return BlockSpec(self.bits, self.block_size, self.symmetric)
+
+    @property
+    def wide_level(self) -> int | None:
+        """MatMulNBits accuracy_level of the 8-bit layers of an int4 model: 4 (int8 activations; onnxruntime's 8-bit
+        float kernel is ~40x slower than its 4-bit one), None for an all-int8 model (accuracy_level as given)."""
+        return 4 if self.bits == 4 else None
+
+    @property
+    def head_spec(self) -> BlockSpec:
+        """The format of the output layer and embedding tables (`head_bits`, or `bits` when None)."""
+        return BlockSpec(self.head_bits or self.bits, self.block_size, self.symmetric)
+
+
+def output_layers(model: onnx.ModelProto, targets: Sequence[WeightMatMul]) -> set[int]:
+    """id(node) of the output layers (an LLM's lm_head): the targets whose output is a graph output, else the last
+    target in graph order."""
+    outputs = {o.name for o in model.graph.output}
+    found = {id(t.node) for t in targets if t.node.output[0] in outputs}
+    return found or ({id(targets[-1].node)} if targets else set())
 
 
 @dataclass
@@ -121,6 +146,7 @@ class OrtModelSession:
                 probe.graph.output.append(helper.make_empty_tensor_value_info(name))
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        apply_to_session_options(opts)  # the thread_scope's threads, if any
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
         self.session = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
@@ -293,10 +319,13 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
     consumers = consumers_of(model)
     quantized: dict[int, tuple[BlockQuantized, float, torch.Tensor]] = {}
     overrides: dict[str, torch.Tensor] = {}  # weights [K, N] changed before quantization (AWQ folds)
+    head_spec = config.head_spec
+    heads = output_layers(model, targets) if head_spec != spec else set()
     if config.algorithm is WeightAlgorithm.AWQ:
         groups: dict[str, list[WeightMatMul]] = {}
         for t in targets:
-            groups.setdefault(t.activation, []).append(t)
+            if id(t.node) not in heads:  # the output layer at head_bits is plain RTN
+                groups.setdefault(t.activation, []).append(t)
         # last group first: a group's 1/s may fold into the columns of an earlier target (up_proj before down_proj)
         for act, group in reversed(list(groups.items())):
             weights = [overrides[t.weight] if t.weight in overrides else _weight_kn(reader, inits[t.weight], t)
@@ -326,7 +355,9 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
             mse = float(((bq.dequantize() / awq_scale.unsqueeze(1) - w) ** 2).mean())
         else:
             alpha, w_eff = None, w
-            if config.algorithm is WeightAlgorithm.GPTQ:
+            if id(t.node) in heads:
+                bq = quantize_rtn(w, head_spec)
+            elif config.algorithm is WeightAlgorithm.GPTQ:
                 bq = quantize_gptq(w, stats[t.activation].hessian(t.activation), spec, act_order=config.act_order,
                                    name=t.weight)
             elif config.algorithm is WeightAlgorithm.HQQ:
@@ -335,7 +366,7 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
                 bq = quantize_rtn(w, spec)
             mse = float(((bq.dequantize() - w) ** 2).mean())
         codes[id(t.node)] = bq
-        record = LayerRecord(t.node.name, t.weight, t.k, t.n, mse, alpha, bits=config.bits)
+        record = LayerRecord(t.node.name, t.weight, t.k, t.n, mse, alpha, bits=bq.spec.bits)
         if config.max_loss is not None:
             wide[id(t.node)] = quantize_rtn(w_eff, spec8)
             rows = stats[t.activation].sample_rows()
@@ -361,8 +392,8 @@ def _embedding_codes(model: onnx.ModelProto, reader: ExternalDataReader, config:
         if not torch.isfinite(table).all():
             raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
         quantize = quantize_hqq if config.algorithm is WeightAlgorithm.HQQ else quantize_rtn
-        bq = quantize(table.t(), config.spec)
+        bq = quantize(table.t(), config.head_spec)
         records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab,
-                                   float(((bq.dequantize().t() - table) ** 2).mean()), bits=config.bits))
+                                   float(((bq.dequantize().t() - table) ** 2).mean()), bits=bq.spec.bits))
         found.append((g, bq))
     return found
