@@ -131,13 +131,19 @@ class CleanupCounts:
 @dataclass
 class CalibrationCounts:
     """What calibration observed: activation tensors observed and those given a flat lower bound; how it ran:
-    executor runs, samples per stacked run (1: batches as given) and why it did not stack ('' when it did)."""
+    executor runs, samples per stacked run (1: batches as given) and why it did not stack ('' when it did); the
+    engine of the FP32 statistics (passes.calib_ort: 'executor' or 'onnxruntime'), why not onnxruntime ('' when it
+    was), onnxruntime runs and executor re-runs for range ends onnxruntime left undecided."""
 
     observed_tensors: int = 0
     flat_bounds: int = 0
     executor_runs: int = 0
     stack_samples: int = 1
     stack_blocker: str = ""
+    engine: str = "executor"
+    engine_note: str = ""
+    ort_runs: int = 0
+    exact_reruns: int = 0
 
 
 class QuantizedGraph:
