@@ -51,7 +51,8 @@ CHECK_RTOL = 1e-4  # onnxruntime's first-batch extrema must match the executor's
 NOISE_SAFETY = 4.0  # later batches may differ by this many times the largest first-batch difference
 NOISE_FLOOR = 2.0 ** -22  # relative: below a float32 ulp-level difference nothing is trusted to be smaller
 ORT_WORTH_S = 0.25  # auto: onnxruntime is tried when the executor would need at least this long for the rest
-ORT_FASTER = 0.8  # auto: ... and used when its per-batch time is at most this share of the executor's
+ORT_FASTER = 0.95  # auto: ... and used when its per-batch time is at most this share of the executor's (its session is
+# built by then: any gain on the remaining batches counts, less a margin for timing noise)
 MAX_MODEL_BYTES = 1 << 30  # larger graphs (protobuf's 2 GiB limit with extra outputs) stay on the executor
 FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 

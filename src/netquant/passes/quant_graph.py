@@ -146,6 +146,20 @@ class CalibrationCounts:
     exact_reruns: int = 0
 
 
+@dataclass(frozen=True)
+class WholeModelTiming:
+    """Median wall-clock ms of one run of the user's FP32 model and of the all-INT8 file in onnxruntime, measured by
+    placement (api.placement's whole-model check: interleaved rounds, `threads` intra-op threads) on feeds of
+    `shapes`; `state`: the quant state (export.onnx_qdq.quant_state) of the file it timed. Export's FP32-vs-INT8
+    comparison reports it instead of timing the same two models again (export.fidelity)."""
+
+    fp32_ms: float
+    int8_ms: float
+    shapes: dict[str, tuple[int, ...]]
+    threads: int
+    state: tuple[Any, ...]
+
+
 class QuantizedGraph:
     """A cleaned-up FP32 graph with the configs the quantizer built for `platform`."""
 
@@ -178,6 +192,7 @@ class QuantizedGraph:
         # placement: MatMul ops whose activation input is quantized at run time in the export (export.dynamic;
         # the executor's fake quantization keeps their calibrated static params)
         self.dynamic_ops: set[str] = set()
+        self.whole_model_timing: WholeModelTiming | None = None  # placement's FP32 / all-INT8 timing (api.quantize)
 
     @property
     def graph(self) -> Graph:
