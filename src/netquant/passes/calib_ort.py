@@ -13,9 +13,11 @@ Identical statistics. onnxruntime and the executor compute the same float32 valu
 conv / matmul kernel), so a range end may differ in its last bits. Calibration's range rounding (calib.ranges,
 range_bits, default 8) absorbs that except where an end lies within that noise of a rounding boundary. So:
 
-1. the first calibration batches (run by the executor anyway: they are export validation's FP32 reference) also run
-   in onnxruntime; delta = the largest |onnxruntime - executor| of any observed tensor's extremum over them, relative
-   to the tensor's magnitude. delta > CHECK_RTOL (an op onnxruntime computes another way): executor only;
+1. the first calibration batches (run by the executor anyway: they are export validation's FP32 reference; where
+   stacking is ruled out up front, a static batch dim, only the first one, and onnxruntime runs the other validation
+   batches with the graph outputs fetched as that reference) also run in onnxruntime; delta = the largest
+   |onnxruntime - executor| of any observed tensor's extremum over them, relative to the tensor's magnitude.
+   delta > CHECK_RTOL (an op onnxruntime computes another way): executor only;
 2. each later range end then lies within margin = NOISE_SAFETY * max(delta, NOISE_FLOOR) * magnitude of
    onnxruntime's (`undecided`): where every value in that interval rounds to the same end, onnxruntime's value gives
    the executor's scale; where it does not, the executor runs the few batches whose onnxruntime extremum could be
@@ -29,6 +31,8 @@ Choice (CalibEngine.AUTO): onnxruntime is tried only where stacking is ruled out
 observers, batches of STACK_WORTH_BELOW or more samples), the data can be read twice (a materialised set) and the
 executor's time for the remaining batches (its fastest first-batch run x their number) is at least ORT_WORTH_S; it
 is used when its fastest first-batch run takes at most ORT_FASTER of the executor's (measured, same threads).
+An end undecided on every first batch recurs on a rounding boundary (hard-swish's minimum -0.375): every batch would
+need an executor re-run, so auto keeps (or goes back to) the executor (`recurring_end`).
 """
 
 from __future__ import annotations
@@ -185,27 +189,43 @@ class FirstBatches:
 class OrtStatistics:
     """The graph in onnxruntime with `tensors` exposed as outputs; per batch, each tensor's (min, max)."""
 
-    def __init__(self, model_bytes: bytes, tensors: Sequence[str], graph_inputs: set[str]) -> None:
+    def __init__(self, model_bytes: bytes, tensors: Sequence[str], graph_inputs: set[str],
+                 graph_outputs: Sequence[str] = ()) -> None:
         import onnxruntime as ort
 
         from netquant.platforms.threads import apply_to_session_options
 
         self.from_feed = [t for t in tensors if t in graph_inputs]
         self.fetched = [t for t in tensors if t not in graph_inputs]
+        self.graph_outputs = [o for o in graph_outputs if o not in graph_inputs]
         so = ort.SessionOptions()
         apply_to_session_options(so)
         so.log_severity_level = 3
         self.session = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.run_s: list[float] = []
+        self.first: list[dict[str, tuple[float, float] | None]] = []  # extrema of the first batches run here
 
     def extrema(self, batch: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float] | None] | None:
         """{tensor: (min, max) or None when empty} for one batch; None when a value is not finite or not float (the
         executor then runs the batch, and its observers say what is wrong)."""
+        return self.run(batch, False)[0]
+
+    def run(self, batch: Mapping[str, torch.Tensor], with_outputs: bool
+            ) -> tuple[dict[str, tuple[float, float] | None] | None, dict[str, torch.Tensor]]:
+        """(extrema as `extrema` gives them, the graph outputs as tensors when with_outputs)."""
         feeds = {k: v.detach().cpu().numpy() for k, v in batch.items() if k in self.inputs}
+        extra = [o for o in self.graph_outputs if o not in self.fetched] if with_outputs else []
         start = time.perf_counter()
-        outs = self.session.run(self.fetched, feeds) if self.fetched else []
+        outs = self.session.run(self.fetched + extra, feeds) if self.fetched or extra else []
         self.run_s.append(time.perf_counter() - start)
+        named = dict(zip(self.fetched + extra, outs))
+        graph_out = {o: torch.from_numpy(np.asarray(named[o])) for o in self.graph_outputs if o in named} \
+            if with_outputs else {}
+        return self._extrema_of(batch, outs[:len(self.fetched)]), graph_out
+
+    def _extrema_of(self, batch: Mapping[str, torch.Tensor], outs: Sequence[Any]
+                    ) -> dict[str, tuple[float, float] | None] | None:
         got: dict[str, tuple[float, float] | None] = {}
         arrays = [*zip(self.fetched, outs), *((t, batch[t]) for t in self.from_feed)]
         for name, arr in arrays:
@@ -242,6 +262,20 @@ def build_ort_model(graph: Any, tensors: Sequence[str]) -> bytes | None:
             model.graph.output.append(helper.make_empty_tensor_value_info(name))
     assert isinstance(model, onnx.ModelProto)
     return model.SerializeToString()
+
+
+def recurring_end(ort_first: Sequence[Mapping[str, tuple[float, float] | None]], delta: float, bits: int,
+                  floors: Mapping[str, float]) -> str | None:
+    """A tensor whose range end onnxruntime leaves undecided on every one of these (at least two) batches: its end
+    recurs on a rounding boundary (hard-swish's minimum -0.375), so every later batch would need an executor re-run;
+    None when there is none."""
+    if len(ort_first) < 2:
+        return None
+    trial = LaterBatches()
+    for i, g in enumerate(ort_first):
+        trial.add(i, g)
+    return next((k for k, v in trial.undecided_batches({}, delta, bits, floors).items()
+                 if len(v) == len(ort_first)), None)
 
 
 def first_batch_delta(executor: Mapping[str, tuple[float, float]],

@@ -37,6 +37,7 @@ from netquant.passes.calib_ort import (
     build_ort_model,
     first_batch_delta,
     ort_blocker,
+    recurring_end,
     value_floors,
 )
 from netquant.passes.calib_stack import (
@@ -126,7 +127,7 @@ class CalibrationPass(PassBase):
         if model is None:
             return None, 0.0, "the graph is too large for one onnxruntime model with extra outputs"
         try:
-            ort = OrtStatistics(model, tensors, {v.name for v in graph.inputs})
+            ort = OrtStatistics(model, tensors, {v.name for v in graph.inputs}, [v.name for v in graph.outputs])
             got = [ort.extrema(b) for b in first_batches]
         except Exception as exc:  # noqa: BLE001 - onnxruntime lacks an op or a type: the executor calibrates
             return None, 0.0, f"onnxruntime does not run the graph ({str(exc).splitlines()[0][:120]})"
@@ -135,13 +136,11 @@ class CalibrationPass(PassBase):
         delta, where = first_batch_delta(first.ranges, [g for g in got if g is not None])
         if delta > CHECK_RTOL:
             return None, delta, f"onnxruntime's '{where}' differs from the executor's by {delta:.2g} (relative)"
-        trial = LaterBatches()  # the first batches as if they came later: an end undecided on every one of them
-        for i, g in enumerate(got):  # recurs on a rounding boundary (hard-swish's minimum -0.375): every later
-            trial.add(i, g or {})  # batch would need an executor re-run
+        ort.first = [g for g in got if g is not None]
         assert bits is not None  # ort_blocker
-        recurring = [k for k, v in trial.undecided_batches({}, delta, bits, floors).items() if len(v) == len(got) > 1]
-        if engine is CalibEngine.AUTO and recurring:
-            return None, delta, f"the range end of '{recurring[0]}' recurs on a rounding boundary"
+        recurring = recurring_end([g for g in got if g is not None], delta, bits, floors)
+        if engine is CalibEngine.AUTO and recurring is not None:
+            return None, delta, f"the range end of '{recurring}' recurs on a rounding boundary"
         t_ort = min(ort.run_s)
         if engine is CalibEngine.AUTO and t_ort > ORT_FASTER * t_ex:
             return None, delta, f"onnxruntime takes {1e3 * t_ort:.1f} ms per batch, the executor {1e3 * t_ex:.1f} ms"
@@ -247,6 +246,9 @@ class CalibrationPass(PassBase):
         later = LaterBatches()
         later_batches: dict[int, dict[str, Any]] = {}
         delta = 0.0
+        # stacking ruled out up front (a static batch dim, batch-dependent observers): onnxruntime is tried after the
+        # first batch, and runs the other first batches too (their FP32 outputs kept for export validation)
+        early = ort_why is None and blocker is not None
 
         def feed(cfg: TensorQuantConfig, obs: Any, x: torch.Tensor) -> None:
             bound = lower.get(id(cfg), -math.inf)
@@ -304,6 +306,17 @@ class CalibrationPass(PassBase):
                     qgraph.validation_batches.append(batch)
                     if shard is not None and shard.rank != 0:
                         continue  # rank 0 observes the first batches, as one process would
+                    if ort is not None:  # the early path: onnxruntime chosen after the first batch
+                        got, outs = ort.run(batch, keep_outputs)
+                        stats.ort_runs += 1
+                        if got is not None:
+                            later.add(index, got)
+                            later_batches[index] = batch
+                            ort.first.append(got)
+                            if keep_outputs:
+                                qgraph.validation_fp32.append(outs)
+                            continue
+                        recording.append(first)  # a value onnxruntime cannot give: the executor runs this batch
                     start = time.perf_counter()
                     outputs = ex.run(batch)
                     first.run_s.append(time.perf_counter() - start)
@@ -312,6 +325,11 @@ class CalibrationPass(PassBase):
                         qgraph.validation_fp32.append(outputs)
                     if probing:
                         first_runs.append((batch, outputs))
+                    if early and ort is None and ort_why is None and data.num_batches > 1:
+                        ort, delta, ort_why = self._try_ort(graph, tensors, first, [batch], data.num_batches - 1,
+                                                            engine, bits, floors)
+                    if early:
+                        recording.clear()
                     continue
                 if not decided:
                     decided = True
@@ -323,9 +341,13 @@ class CalibrationPass(PassBase):
                         limit, blocker = broadcast_from_rank0((limit, blocker))
                     probing.clear()
                     first_runs.clear()
-                    if limit <= 1 and ort_why is None:
+                    if limit <= 1 and ort_why is None and ort is None:
                         ort, delta, ort_why = self._try_ort(graph, tensors, first, qgraph.validation_batches,
                                                             data.num_batches - first_batches, engine, bits, floors)
+                    elif ort is not None and engine is CalibEngine.AUTO and bits is not None:
+                        recurring = recurring_end(ort.first, delta, bits, floors)  # (early path: now 2+ batches)
+                        if recurring is not None:  # back to the executor; the batches run so far are settled below
+                            ort, ort_why = None, f"the range end of '{recurring}' recurs on a rounding boundary"
                     recording.clear()
                 if shard is not None and not shard.owns(index, first_batches):
                     continue
@@ -352,7 +374,7 @@ class CalibrationPass(PassBase):
                 if sum(map(samples_in, pending)) >= limit:
                     flush()
             flush()
-            if ort is not None:
+            if later.per_tensor:
                 assert bits is not None  # ort_blocker: range_bits=None stays on the executor
                 self._finish_ort(ex, later, later_batches, first, delta, bits, floors, recording, silent, stats)
                 for cfg, obs in observed:
