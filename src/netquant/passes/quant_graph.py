@@ -160,6 +160,16 @@ class WholeModelTiming:
     state: tuple[Any, ...]
 
 
+@dataclass(frozen=True)
+class FakeQuantRun:
+    """The graph outputs of one fake-quant executor run (exact accumulation) on `inputs`, in the quant state `state`
+    (export.onnx_qdq.quant_state): placement's all-INT8 loss run, reused by export validation for the same batch."""
+
+    state: tuple[Any, ...]
+    inputs: dict[str, torch.Tensor]
+    outputs: dict[str, torch.Tensor]
+
+
 class QuantizedGraph:
     """A cleaned-up FP32 graph with the configs the quantizer built for `platform`."""
 
@@ -193,6 +203,7 @@ class QuantizedGraph:
         # the executor's fake quantization keeps their calibrated static params)
         self.dynamic_ops: set[str] = set()
         self.whole_model_timing: WholeModelTiming | None = None  # placement's FP32 / all-INT8 timing (api.quantize)
+        self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
 
     @property
     def graph(self) -> Graph:
