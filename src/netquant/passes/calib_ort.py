@@ -213,11 +213,15 @@ class OrtStatistics:
 
     def run(self, batch: Mapping[str, torch.Tensor], with_outputs: bool
             ) -> tuple[dict[str, tuple[float, float] | None] | None, dict[str, torch.Tensor]]:
-        """(extrema as `extrema` gives them, the graph outputs as tensors when with_outputs)."""
+        """(extrema as `extrema` gives them, the graph outputs as tensors when with_outputs); (None, {}) when
+        onnxruntime fails on the batch."""
         feeds = {k: v.detach().cpu().numpy() for k, v in batch.items() if k in self.inputs}
         extra = [o for o in self.graph_outputs if o not in self.fetched] if with_outputs else []
         start = time.perf_counter()
-        outs = self.session.run(self.fetched + extra, feeds) if self.fetched or extra else []
+        try:
+            outs = self.session.run(self.fetched + extra, feeds) if self.fetched or extra else []
+        except Exception:  # noqa: BLE001 - a batch onnxruntime cannot run (a shape it refuses): the executor runs it
+            return None, {}
         self.run_s.append(time.perf_counter() - start)
         named = dict(zip(self.fetched + extra, outs))
         graph_out = {o: torch.from_numpy(np.asarray(named[o])) for o in self.graph_outputs if o in named} \

@@ -132,7 +132,7 @@ class CalibrationPass(PassBase):
         except Exception as exc:  # noqa: BLE001 - onnxruntime lacks an op or a type: the executor calibrates
             return None, 0.0, f"onnxruntime does not run the graph ({str(exc).splitlines()[0][:120]})"
         if any(g is None for g in got):
-            return None, 0.0, "onnxruntime gives a non-float or non-finite observed value on the first batches"
+            return None, 0.0, "onnxruntime fails, or gives a non-float or non-finite observed value, on the first batches"
         delta, where = first_batch_delta(first.ranges, [g for g in got if g is not None])
         if delta > CHECK_RTOL:
             return None, delta, f"onnxruntime's '{where}' differs from the executor's by {delta:.2g} (relative)"
