@@ -160,3 +160,10 @@ def test_light_models_scales_bit_identical(name: str) -> None:
     ex, on_ort = _both(str(path), _images(16, tuple(d if isinstance(d, int) else 1 for d in inp.shape)))
     assert on_ort.qgraph.calibration.engine == "onnxruntime"
     _assert_same_params(ex, on_ort)
+
+
+def test_auto_keeps_large_weights_on_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("netquant.passes.calibration.ORT_WORTH_S", 0.0)
+    monkeypatch.setattr("netquant.passes.calibration.AUTO_MAX_WEIGHT_BYTES", 1000)  # conv_net holds ~3.5 kB
+    qm = quantize_onnx(conv_net(batch=1), _images(6), objective=None, quiet=True, threads=1)
+    assert qm.qgraph.calibration.engine == "executor" and "MiB of weights" in qm.qgraph.calibration.engine_note

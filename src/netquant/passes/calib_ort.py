@@ -27,7 +27,9 @@ The scales and zero points are then those of executor-only calibration whenever 
 by at most NOISE_SAFETY times the largest difference seen on the first batches (tests: bit-identical params on CNNs,
 the light models and a model with undecided ends). range_bits=None (exact ranges) always runs the executor.
 
-Choice (CalibEngine.AUTO): onnxruntime is tried only where stacking is ruled out (a static batch dim, batch-dependent
+Choice (CalibEngine.AUTO): onnxruntime is tried only for graphs of at most AUTO_MAX_WEIGHT_BYTES of initializers (its
+session's build grows with the weights and is paid before its speed is known: vgg19's 548 MB took longer to
+quantize with it, 1.18x ORT MinMax's time vs 0.96x with the executor), where stacking is ruled out (a static batch dim, batch-dependent
 observers, batches of STACK_WORTH_BELOW or more samples), the data can be read twice (a materialised set) and the
 executor's time for the remaining batches (its fastest first-batch run x their number) is at least ORT_WORTH_S; it
 is used when its fastest first-batch run takes at most ORT_FASTER of the executor's (measured, same threads).
@@ -57,6 +59,7 @@ NOISE_FLOOR = 2.0 ** -22  # relative: below a float32 ulp-level difference nothi
 ORT_WORTH_S = 0.25  # auto: onnxruntime is tried when the executor would need at least this long for the rest
 ORT_FASTER = 0.95  # auto: ... and used when its per-batch time is at most this share of the executor's (its session is
 # built by then: any gain on the remaining batches counts, less a margin for timing noise)
+AUTO_MAX_WEIGHT_BYTES = 64 << 20  # auto: larger weights stay on the executor (the session's build grows with them)
 MAX_MODEL_BYTES = 1 << 30  # larger graphs (protobuf's 2 GiB limit with extra outputs) stay on the executor
 FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
@@ -243,6 +246,11 @@ class OrtStatistics:
         return got
 
 
+def weight_bytes(graph: Any) -> int:
+    """Bytes of the graph's initializers."""
+    return sum(t.numel() * t.element_size() for t in graph.initializers.values())
+
+
 def build_ort_model(graph: Any, tensors: Sequence[str]) -> bytes | None:
     """The graph as ONNX bytes with `tensors` among its outputs (IR >= 4: initializers are not inputs); None when it
     is too large to serialise in one piece."""
@@ -251,7 +259,7 @@ def build_ort_model(graph: Any, tensors: Sequence[str]) -> bytes | None:
 
     from netquant.graph import to_onnx
 
-    if sum(t.numel() * t.element_size() for t in graph.initializers.values()) > MAX_MODEL_BYTES:
+    if weight_bytes(graph) > MAX_MODEL_BYTES:
         return None
     model = to_onnx(graph, check=False)
     if model.ir_version < 4:

@@ -27,6 +27,7 @@ from netquant.errors import CalibrationError
 from netquant.graph import Executor, Graph, Node
 from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.calib_ort import (
+    AUTO_MAX_WEIGHT_BYTES,
     CHECK_RTOL,
     ORT_FASTER,
     ORT_WORTH_S,
@@ -39,6 +40,7 @@ from netquant.passes.calib_ort import (
     ort_blocker,
     recurring_end,
     value_floors,
+    weight_bytes,
 )
 from netquant.passes.calib_stack import (
     STACK_WORTH_BELOW,
@@ -123,6 +125,9 @@ class CalibrationPass(PassBase):
         t_ex = min(first.run_s)
         if engine is CalibEngine.AUTO and t_ex * remaining < ORT_WORTH_S:
             return None, 0.0, f"the executor needs about {t_ex * remaining:.2f} s for the rest"
+        if engine is CalibEngine.AUTO and weight_bytes(graph) > AUTO_MAX_WEIGHT_BYTES:
+            return None, 0.0, (f"{weight_bytes(graph) / 2 ** 20:.0f} MiB of weights (onnxruntime's session would take "
+                               f"long to build; auto tries it up to {AUTO_MAX_WEIGHT_BYTES >> 20} MiB)")
         model = build_ort_model(graph, tensors)
         if model is None:
             return None, 0.0, "the graph is too large for one onnxruntime model with extra outputs"
