@@ -7,13 +7,18 @@ Both on the same data, one thread each (torch.set_num_threads(1); ORT's calibrat
 every measurement in a fresh subprocess (its own peak RSS, imports included in neither time).
 
     python benchmarks/quant_time.py [--models encoder,rec,cls,squeezenet,...] [--rounds 1]
-        [--conditions quiet,busy,default]
+        [--conditions quiet,busy,default] [--append]
 
-Conditions (`--conditions`, default quiet): `quiet` is the setup above (one thread each, no load added); `busy`
+The three-condition table of every model (rec, cls, the encoder, the nine light models), as the issue asks:
+
+    python benchmarks/quant_time.py --conditions quiet,busy,default --rounds 3
+
+Conditions (`--conditions`; without it, quiet only into quant_time.md): `quiet` is the setup above (one thread each, no load added); `busy`
 starts one busy process per core (a Python spin loop each, started before and stopped after that condition's
 measurements by this script) and runs both tools with default settings: no thread environment variables,
 netquant's thread policy (platforms.threads) and onnxruntime's own thread default; `default` is default settings
-without added load. Writes benchmarks/results/quant_time.md (quiet only) or quant_time_conditions.md, and prints it.
+without added load. Writes benchmarks/results/quant_time.md (no --conditions) or quant_time_conditions.md (any
+--conditions, even quiet alone), and prints it.
 """
 
 from __future__ import annotations
@@ -85,6 +90,7 @@ def run_netquant(name: str, out: Path, pinned: bool = True) -> float:
     export_qdq(qm, out)
     seconds = time.perf_counter() - t
     USED_THREADS.append(qm.threads or torch.get_num_threads())
+    CALIB_ENGINE.append(qm.qgraph.calibration.engine)
     return seconds
 
 
@@ -143,6 +149,7 @@ def run_ort(name: str, out: Path, pinned: bool = True) -> float:
 
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 USED_THREADS: list[int] = []  # torch threads netquant's run used (its thread policy, or the pinned 1)
+CALIB_ENGINE: list[str] = []  # the engine of netquant's FP32 calibration statistics (passes.calib_ort)
 
 
 def one(tool: str, name: str, condition: str = "quiet") -> None:
@@ -153,7 +160,8 @@ def one(tool: str, name: str, condition: str = "quiet") -> None:
         out = Path(tmp) / "q.onnx"
         seconds = (run_netquant if tool == "netquant" else run_ort)(name, out, pinned=condition == "quiet")
     print(json.dumps({"seconds": seconds, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                      "torch_threads": USED_THREADS[-1] if USED_THREADS else torch.get_num_threads()}))
+                      "torch_threads": USED_THREADS[-1] if USED_THREADS else torch.get_num_threads(),
+                      "calib_engine": CALIB_ENGINE[-1] if CALIB_ENGINE else ""}))
 
 
 @contextlib.contextmanager
@@ -195,7 +203,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(("encoder", "rec", "cls", *LIGHT_MODELS)))
     ap.add_argument("--rounds", type=int, default=1, help="interleaved rounds per model (median reported)")
-    ap.add_argument("--conditions", default="quiet", help="quiet, busy, default (comma-separated)")
+    ap.add_argument("--conditions", default=None,
+                    help="quiet, busy, default (comma-separated): the conditions table (quant_time_conditions.md); "
+                         "without it, the quiet one-thread table (quant_time.md)")
     ap.add_argument("--append", action="store_true",
                     help="conditions table: keep the rows already written for other (condition, model) pairs")
     ap.add_argument("--one", nargs="+", metavar="ARG", help=argparse.SUPPRESS)
@@ -203,8 +213,8 @@ def main() -> None:
     if args.one:
         one(*args.one)
         return
-    conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
-    if conditions != ["quiet"]:
+    if args.conditions is not None:
+        conditions = [c.strip() for c in args.conditions.split(",") if c.strip()]
         conditions_table(args.models.split(","), conditions, args.rounds, args.append)
         return
     samples = {"encoder": ENCODER_SAMPLES, "rec": OCR_SAMPLES, "cls": OCR_SAMPLES}
@@ -266,6 +276,14 @@ def main() -> None:
     print(text)
 
 
+def _nine_columns(row: str) -> str:
+    """A row of the older six-column table (no calib engine, ORT threads or load) in today's nine columns."""
+    cells = [c.strip() for c in row.strip().strip("|").split("|")]
+    if len(cells) == 6:
+        cells = [*cells[:4], "-", cells[4], "-", cells[5], "-"]
+    return "| " + " | ".join(cells) + " |"
+
+
 def conditions_table(models: list[str], conditions: list[str], rounds: int, append: bool = False) -> None:
     """netquant vs ORT MinMax per model and condition (module docstring), written to quant_time_conditions.md."""
     from netquant.atomic import write_text_atomic
@@ -277,6 +295,7 @@ def conditions_table(models: list[str], conditions: list[str], rounds: int, appe
         redone = {(c, m) for c in conditions for m in models}
         rows = [ln for ln in CONDITIONS_RESULTS.read_text().splitlines() if ln.startswith("| ")
                 and not ln.startswith("| condition") and tuple(x.strip() for x in ln.split("|")[1:3]) not in redone]
+        rows = [_nine_columns(r) for r in rows]
     for condition in conditions:
         with busy_cores(condition == "busy"):
             loads[condition] = os.getloadavg()[0]
@@ -289,13 +308,16 @@ def conditions_table(models: list[str], conditions: list[str], rounds: int, appe
                 for tool, ms in got.items():
                     bad = next((m for m in ms if isinstance(m, str)), None)
                     ok = [m for m in ms if not isinstance(m, str)]
-                    cells[tool] = (f"fails: {bad[:80]}", None, None) if bad else (
+                    cells[tool] = (f"fails: {bad[:80]}", None, None, "") if bad else (
                         f"{statistics.median(m['seconds'] for m in ok):.1f}",
-                        statistics.median(m["seconds"] for m in ok), int(ok[0]["torch_threads"]))
+                        statistics.median(m["seconds"] for m in ok), int(ok[0]["torch_threads"]),
+                        str(ok[0].get("calib_engine", "")))
                 ratio = (f"{cells['netquant'][1] / cells['ort'][1]:.2f}"
                          if cells["netquant"][1] and cells["ort"][1] else "-")
+                ort_threads = "1" if condition == "quiet" else f"default ({os.cpu_count()})"
                 rows.append(f"| {condition} | {name} | {cells['netquant'][0]} | {cells['netquant'][2]} "
-                            f"| {cells['ort'][0]} | {ratio} |")
+                            f"| {cells['netquant'][3]} | {cells['ort'][0]} | {ort_threads} | {ratio} "
+                            f"| {os.getloadavg()[0]:.1f} |")
                 print(rows[-1], flush=True)
     text = (
         "# Quantization time under three conditions: netquant vs onnxruntime quantize_static (MinMax)\n\n"
@@ -308,10 +330,14 @@ def conditions_table(models: list[str], conditions: list[str], rounds: int, appe
         "thread), no load added; busy: one spinning process per core started and stopped by the benchmark, default "
         "settings (no thread environment variables: netquant's thread policy, onnxruntime's default threads); "
         "default: default settings, no load added. 'netquant threads' is torch's intra-op thread count netquant "
-        "used. Load average (1 min) at the start of each condition (this run): "
+        "used (its thread policy, platforms.threads), 'calib' the engine of its FP32 calibration statistics "
+        "(passes.calib_ort), 'ORT threads' the calibration session's intra-op threads; 'load' the 1-min load average "
+        "after the row's measurements (the benchmark's own busy processes included). "
+        "Load average (1 min) at the start of each condition (this run): "
         + ", ".join(f"{c} {v:.1f}" for c, v in loads.items())
         + " (the host is shared with other jobs: 'quiet' is only as quiet as they let it be).\n\n"
-        "| condition | model | netquant s | netquant threads | ORT MinMax s | ratio |\n|---|---|---|---|---|---|\n"
+        "| condition | model | netquant s | netquant threads | calib | ORT MinMax s | ORT threads | ratio | load |\n"
+        "|---|---|---|---|---|---|---|---|---|\n"
         + "\n".join(rows) + "\n")
     write_text_atomic(CONDITIONS_RESULTS, text)
     print(text)

@@ -217,3 +217,41 @@ def test_a_source_onnxruntime_cannot_run_falls_back_to_the_cleaned_graph_with_fp
     assert expected.reference == "the source FP32 model in onnxruntime"
     assert c.reference == "the cleaned-up FP32 graph in onnxruntime"
     assert c.outputs[0].cosine == pytest.approx(expected.outputs[0].cosine, abs=1e-6)
+
+
+def test_placement_timing_of_the_same_files_is_reused_not_measured_again(tmp_path):
+    """The export's FP32-vs-INT8 speed comes from placement's whole-model check when it timed this very file (same
+    quant state) on batches shaped like the validation batches; any other state is timed again here."""
+    from netquant.export.onnx_qdq import quant_state
+    from netquant.passes.quant_graph import WholeModelTiming
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(conv_relu_gemm(), calib_batches((1, 3, 8, 8), n=4), quiet=True, objective=None)
+    qm.qgraph.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (1, 3, 8, 8)}, 1, quant_state(qm.qgraph))
+    c = qm.export(tmp_path / "a.onnx").vs_fp32
+    assert (c.fp32_ms, c.int8_ms, c.speedup, c.timed_batch, c.timed_by) == (2.5, 1.25, 2.0, 1, "placement")
+    assert c.line().endswith("2.00x faster (batch 1, one thread, timed by placement) (3 samples of the calibration "
+                             "batches)") and c.outputs[0].cosine > 0.99
+    qm.qgraph.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (1, 3, 8, 8)}, 1, ("another state",))
+    c = qm.export(tmp_path / "b.onnx").vs_fp32
+    assert c.timed_by == "" and c.timing_rounds >= 3 and c.fp32_ms != 2.5
+    qm.qgraph.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (4, 3, 8, 8)}, 1, quant_state(qm.qgraph))
+    assert qm.export(tmp_path / "c.onnx").vs_fp32.timed_by == ""  # timed on batch 4, the batches hold 1
+
+
+def test_placement_timing_is_kept_only_for_an_all_int8_placement() -> None:
+    from netquant.api.placement import Placement, RegionDecision
+    from netquant.api.quantize import placement_timing
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(conv_relu_gemm(), calib_batches((1, 3, 8, 8), n=4), quiet=True, objective=None)
+    p = Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "1 - output cosine")
+    p.measured = {"source_fp32_wall_ms": 3.0, "all_int8_wall_ms": 2.0, "timed_shapes": {"x": [1, 3, 8, 8]}}
+    p.regions = [RegionDecision("conv", "Conv", ["conv"], "int8", "faster")]
+    t = placement_timing(p, qm.qgraph)
+    assert t is not None and (t.fp32_ms, t.int8_ms, t.shapes, t.threads) == (3.0, 2.0, {"x": (1, 3, 8, 8)}, 1)
+    p.regions.append(RegionDecision("fc", "Gemm", ["fc"], "float", "slower"))
+    assert placement_timing(p, qm.qgraph) is None
+    assert placement_timing(Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "x"), qm.qgraph) is None

@@ -45,3 +45,34 @@ def test_cache_is_not_used_for_other_feeds_or_an_edited_graph() -> None:
     assert calibration_fp32(qgraph, feeds[:1]) is None
     qgraph.graph.initializers["W"].mul_(2)  # an in-place edit after calibration
     assert calibration_fp32(qgraph, feeds) is None
+
+
+def test_placement_all_int8_fake_quant_run_is_reused_bit_for_bit(tmp_path: Path) -> None:
+    """analysis.sensitivity's all-INT8 loss run keeps its graph outputs on the first batch (fake_quant_run); export
+    validation takes them for that batch only where the quant state, the feeds and the exact sums are the same."""
+    from netquant.analysis.regions import find_regions, keep_float
+    from netquant.analysis.sensitivity import LossMeter
+    from netquant.core.int_kernels import Accumulation
+    from netquant.export.validate import placement_fake_quant
+
+    qm = _quantized()
+    qgraph = qm.qgraph
+    first = qgraph.validation_batches[0]
+    meter = LossMeter(qgraph, [first])
+    assert meter.loss([find_regions(qgraph)[0]]) > 0 and qgraph.fake_quant_run is None  # not the all-INT8 run
+    meter.loss()
+    run = qgraph.fake_quant_run
+    assert run is not None
+    with torch.no_grad():
+        fresh = qgraph.executor(fake_quant=True).run(first)
+    assert run.outputs.keys() == fresh.keys() and all(torch.equal(run.outputs[k], fresh[k]) for k in fresh)
+    feeds = validation_feeds(qgraph)
+    assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is run.outputs
+    assert placement_fake_quant(qgraph, feeds[1], Accumulation.EXACT) is None  # another batch
+    assert placement_fake_quant(qgraph, feeds[0], Accumulation.PAIRWISE_INT16) is None  # other sums
+    with keep_float(qgraph, [find_regions(qgraph)[0]]):
+        assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is None  # another quant state
+    reused = export_qdq(qm, tmp_path / "a.onnx", check_kernels=False)
+    qgraph.fake_quant_run = None
+    fresh_export = export_qdq(qm, tmp_path / "b.onnx", check_kernels=False)
+    assert reused.output_cosine == fresh_export.output_cosine

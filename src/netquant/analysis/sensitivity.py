@@ -91,6 +91,21 @@ class LossMeter:
     def _plan(self, on: bool) -> None:
         self.hooks.plan(on)
 
+    def _names(self, i: int, regions: list[Region]) -> list[str]:
+        """The compared tensors, and on the all-INT8 run of the first batch the graph outputs too (_keep)."""
+        if i or regions:
+            return self.compared
+        return list(dict.fromkeys([*self.compared, *(v.name for v in self.qgraph.graph.outputs)]))
+
+    def _keep(self, run: dict[str, torch.Tensor]) -> None:
+        """The all-INT8 run's graph outputs on the first batch, for export validation (QuantizedGraph.fake_quant_run:
+        it runs the same fake-quant model on the same batch, where its CPU sums exactly)."""
+        from netquant.export.onnx_qdq import quant_state
+        from netquant.passes.quant_graph import FakeQuantRun
+
+        outputs = {v.name: run[v.name] for v in self.qgraph.graph.outputs if v.name in run}
+        self.qgraph.fake_quant_run = FakeQuantRun(quant_state(self.qgraph), dict(self.data[0]), outputs)
+
     @staticmethod
     def _concat(runs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         return {k: torch.cat([r[k].reshape(-1).float() for r in runs]) for k in runs[0]}
@@ -101,12 +116,15 @@ class LossMeter:
 
     def loss(self, float_regions: Iterable[Region] = ()) -> float:
         self.calls += 1
-        with keep_float(self.qgraph, list(float_regions)), torch.no_grad():
+        regions = list(float_regions)
+        with keep_float(self.qgraph, regions), torch.no_grad():
             self._plan(True)
             try:
                 if self.metric is None:
-                    return cosine_loss(self.reference,
-                                       self._concat([self.executor.run(b, outputs=self.compared) for b in self.data]))
+                    runs = [self.executor.run(b, outputs=self._names(i, regions)) for i, b in enumerate(self.data)]
+                    if not regions:
+                        self._keep(runs[0])
+                    return cosine_loss(self.reference, self._concat([{k: r[k] for k in self.compared} for r in runs]))
                 return self.reference_score - self._score([self.executor.run(b) for b, _ in self.data])
             finally:
                 self._plan(False)

@@ -84,6 +84,7 @@ class EngineComparison:
     fp32_ms: float | None = None
     timed_batch: int | None = None
     timing_rounds: int = 0
+    timed_by: str = ""  # "": timed here; "placement": placement's whole-model timing of the same two files reused
     seconds: float = 0.0  # what the comparison and the timing cost (the FP32 session, its runs, the timed runs)
 
     @property
@@ -113,14 +114,17 @@ class EngineComparison:
             body = "; ".join(f"{o.name}: {o.words()}" for o in self.outputs)
         speed = self.speed_words()
         if speed:
-            speed += f" (batch {self.timed_batch}, median of {self.timing_rounds})"
+            speed += (f" (batch {self.timed_batch}, median of {self.timing_rounds})" if not self.timed_by else
+                      f" (batch {self.timed_batch}, one thread, timed by {self.timed_by})")
             if float_file:
                 speed += ": no INT8 region, a gain from graph clean-up alone"
         return f"{what} in {self.engine}: {body}{', ' + speed if speed else ''} ({self.samples} samples of the {self.data})"
 
     def markdown(self) -> str:
         """The report's 'FP32 vs INT8' section: what was compared, then one bullet per output."""
-        timing = (f"; timed at batch {self.timed_batch}, median of {self.timing_rounds} interleaved rounds: "
+        how = (f"median of {self.timing_rounds} interleaved rounds" if not self.timed_by else
+               f"one thread, timed by {self.timed_by}")
+        timing = (f"; timed at batch {self.timed_batch}, {how}: "
                   f"{self.int8_ms:.2f} ms vs {self.fp32_ms:.2f} ms FP32, {self.speed_words()}"
                   if self.speedup is not None else "; speed not measured for this engine here")
         lines = [f"{self.samples} samples of the {self.data}; FP32: {self.reference}{timing}.", ""]
@@ -261,7 +265,9 @@ def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.nd
     got: dict[int, list[np.ndarray]] = {}
     t8: list[float] = []
     t32: list[float] = []
-    if int8_session is not None and batches:
+    reused = _placement_timing(qgraph, batches) if int8_session is not None and source and \
+        label.startswith("the source") else None
+    if int8_session is not None and batches and reused is None:
         f8 = [{k: v for k, v in b.items() if k in {i.name for i in int8_session.get_inputs()}} for b in batches]
         shape0 = {k: v.shape for k, v in batches[0].items()}
         same = [i for i, b in enumerate(batches) if {k: v.shape for k, v in b.items()} == shape0]
@@ -290,12 +296,30 @@ def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.nd
     samples = sum(int(next(iter(b.values())).shape[0]) if b and next(iter(b.values())).ndim else 1 for b in batches)
     comparison = EngineComparison(engine=engine, reference=label, outputs=outputs, batches=len(batches),
                                   samples=samples, data="export's sample batch" if sample_given else "calibration batches")
-    if t8:
+    if reused is not None:
+        comparison.int8_ms, comparison.fp32_ms = reused.int8_ms, reused.fp32_ms
+        shape = next(iter(reused.shapes.values()), ())
+        comparison.timed_batch = int(shape[0]) if shape else 1
+        comparison.timed_by = "placement"
+    elif t8:
         first = next(iter(batches[0].values()), None)
         comparison.int8_ms, comparison.fp32_ms = statistics.median(t8), statistics.median(t32)
         comparison.timed_batch = int(first.shape[0]) if first is not None and first.ndim else 1
         comparison.timing_rounds = len(t8)
     return comparison
+
+
+def _placement_timing(qgraph: QuantizedGraph, batches: Sequence[Mapping[str, np.ndarray]]) -> Any:
+    """Placement's whole-model timing (QuantizedGraph.whole_model_timing) where it timed these two files on batches
+    shaped like the first one here; else None (the files are timed here)."""
+    from netquant.export.onnx_qdq import quant_state
+
+    timing = qgraph.whole_model_timing
+    if timing is None or not batches:
+        return None
+    if {k: tuple(v.shape) for k, v in batches[0].items() if k in timing.shapes} != timing.shapes:
+        return None
+    return timing if quant_state(qgraph) == timing.state else None
 
 
 def check_vs_fp32(comparison: EngineComparison | None, min_cosine: float | None, where: str) -> None:

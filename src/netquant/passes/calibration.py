@@ -5,12 +5,15 @@ in FP32 (no fake quantization upstream) with the observer each config names (net
 clamped at their flat lower bound (`passes.flat_ranges`); params follow the range rules of
 `netquant.calib.ranges`, shared with the module API's `netquant.nn.calibrate`: activation ranges rounded
 outward to settings.range_bits (default 8) significant bits, constants exact.
-Batches of equal shape run stacked where that leaves every observer's input unchanged (passes.calib_stack).
+Batches of equal shape run stacked where that leaves every observer's input unchanged (passes.calib_stack); where
+they cannot and onnxruntime runs the FP32 graph faster, min-max statistics come from onnxruntime with the executor's
+scales (passes.calib_ort).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -23,6 +26,22 @@ from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.errors import CalibrationError
 from netquant.graph import Executor, Graph, Node
 from netquant.passes.base import Condition, PassBase, PassContext
+from netquant.passes.calib_ort import (
+    AUTO_MAX_WEIGHT_BYTES,
+    CHECK_RTOL,
+    ORT_FASTER,
+    ORT_WORTH_S,
+    CalibEngine,
+    FirstBatches,
+    LaterBatches,
+    OrtStatistics,
+    build_ort_model,
+    first_batch_delta,
+    ort_blocker,
+    recurring_end,
+    value_floors,
+    weight_bytes,
+)
 from netquant.passes.calib_stack import (
     STACK_WORTH_BELOW,
     Extrema,
@@ -39,7 +58,7 @@ from netquant.passes.distributed import (
     current_shard,
     merge_observers_across_ranks,
 )
-from netquant.passes.flat_ranges import FlatRanges
+from netquant.passes.flat_ranges import FlatRanges, clip_bounds
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
@@ -94,16 +113,81 @@ class CalibrationPass(PassBase):
         per_sample = probe.nbytes / max(1, sum(samples_in(b) for b, _ in parts))
         return stack_size(per_sample, budget), None
 
+    @staticmethod
+    def _try_ort(graph: Graph, tensors: list[str], first: FirstBatches, first_batches: list[dict[str, Any]],
+                 remaining: int, engine: CalibEngine, bits: int | None,
+                 floors: dict[str, float]) -> tuple[OrtStatistics | None, float, str | None]:
+        """(onnxruntime statistics, first-batch difference, why not): the first batches run in onnxruntime must give
+        the executor's extrema within CHECK_RTOL and (auto) cost at most ORT_FASTER of the executor's time per batch,
+        counting the executor re-runs the range ends they leave undecided would need (passes.calib_ort)."""
+        if not first.run_s or not first_batches or remaining < 1:
+            return None, 0.0, "no calibration batches after the first ones"
+        t_ex = min(first.run_s)
+        if engine is CalibEngine.AUTO and t_ex * remaining < ORT_WORTH_S:
+            return None, 0.0, f"the executor needs about {t_ex * remaining:.2f} s for the rest"
+        if engine is CalibEngine.AUTO and weight_bytes(graph) > AUTO_MAX_WEIGHT_BYTES:
+            return None, 0.0, (f"{weight_bytes(graph) / 2 ** 20:.0f} MiB of weights (onnxruntime's session would take "
+                               f"long to build; auto tries it up to {AUTO_MAX_WEIGHT_BYTES >> 20} MiB)")
+        model = build_ort_model(graph, tensors)
+        if model is None:
+            return None, 0.0, "the graph is too large for one onnxruntime model with extra outputs"
+        try:
+            ort = OrtStatistics(model, tensors, {v.name for v in graph.inputs}, [v.name for v in graph.outputs])
+            got = [ort.extrema(b) for b in first_batches]
+        except Exception as exc:  # noqa: BLE001 - onnxruntime lacks an op or a type: the executor calibrates
+            return None, 0.0, f"onnxruntime does not run the graph ({str(exc).splitlines()[0][:120]})"
+        if any(g is None for g in got):
+            return None, 0.0, "onnxruntime fails, or gives a non-float or non-finite observed value, on the first batches"
+        delta, where = first_batch_delta(first.ranges, [g for g in got if g is not None])
+        if delta > CHECK_RTOL:
+            return None, delta, f"onnxruntime's '{where}' differs from the executor's by {delta:.2g} (relative)"
+        ort.first = [g for g in got if g is not None]
+        assert bits is not None  # ort_blocker
+        recurring = recurring_end([g for g in got if g is not None], delta, bits, floors)
+        if engine is CalibEngine.AUTO and recurring is not None:
+            return None, delta, f"the range end of '{recurring}' recurs on a rounding boundary"
+        t_ort = min(ort.run_s)
+        if engine is CalibEngine.AUTO and t_ort > ORT_FASTER * t_ex:
+            return None, delta, f"onnxruntime takes {1e3 * t_ort:.1f} ms per batch, the executor {1e3 * t_ex:.1f} ms"
+        return ort, delta, None
+
+    @staticmethod
+    def _finish_ort(ex: Executor, later: LaterBatches, batches: dict[int, dict[str, Any]], first: FirstBatches,
+                    delta: float, bits: int, floors: dict[str, float], recording: list[FirstBatches],
+                    silent: list[bool],
+                    stats: CalibrationCounts) -> None:
+        """The executor's exact extrema for the range ends onnxruntime leaves undecided (calib_ort.undecided)."""
+        need = later.undecided_batches(first.ranges, delta, bits, floors)
+        by_batch: dict[int, set[str]] = {}
+        for name, indices in need.items():
+            for i in indices:
+                by_batch.setdefault(i, set()).add(name)
+        for i in sorted(by_batch):
+            exact = FirstBatches()
+            recording.append(exact)
+            silent.append(True)
+            try:
+                ex.run(batches[i])
+            finally:
+                recording.clear()
+                silent.clear()
+            stats.executor_runs += 1
+            stats.exact_reruns += 1
+            for name in by_batch[i]:
+                if name in exact.ranges:
+                    later.replace(name, i, *exact.ranges[name])
+
     def run(self, ctx: PassContext) -> None:
         qgraph = ctx.quantized
         graph = qgraph.graph
         options = qgraph.platform.observer_options
-        index = GraphIndex(graph)
+        index = graph_index = GraphIndex(graph)
         flat = FlatRanges(graph, index)
         lower: dict[int, float] = {}  # id(cfg) -> don't-care lower bound of its tensor
         on_input: dict[str, list[tuple[int, TensorQuantConfig, Any]]] = {}
         on_output: dict[str, list[tuple[int, TensorQuantConfig, Any]]] = {}
         observed: list[tuple[TensorQuantConfig, Any]] = []
+        tensor_of: dict[int, str] = {}  # id(cfg) -> the tensor it observes
         for oc in qgraph.op_configs.values():
             node = oc.op
             for i, cfg in enumerate(oc.inputs):
@@ -123,6 +207,7 @@ class CalibrationPass(PassBase):
                     continue
                 on_input.setdefault(node.name, []).append((i, cfg, obs))
                 observed.append((cfg, obs))
+                tensor_of[id(cfg)] = node.inputs[i]
                 lower[id(cfg)] = flat.lower_flat(node.inputs[i])
             for j, cfg in enumerate(oc.outputs):
                 if not _needs_params(cfg):
@@ -131,6 +216,7 @@ class CalibrationPass(PassBase):
                 obs = make_observer(cfg.observer, cfg.spec, node.outputs[j], options)
                 on_output.setdefault(node.name, []).append((j, cfg, obs))
                 observed.append((cfg, obs))
+                tensor_of[id(cfg)] = node.outputs[j]
                 lower[id(cfg)] = flat.lower_flat(node.outputs[j])
         qgraph.calibration = CalibrationCounts(observed_tensors=len(observed),
                                                flat_bounds=sum(1 for v in lower.values() if v > -math.inf))
@@ -142,6 +228,7 @@ class CalibrationPass(PassBase):
                                    f"pass calib_data")
 
         use_flat = ctx.settings.flat_ranges
+        bits = ctx.settings.range_bits
         budget = ctx.settings.calib_stack_mb
         graph_inputs = [(v.name, v.shape) for v in graph.inputs if v.name not in graph.initializers]
         blocker = ("calib_stack_mb is off" if not budget else
@@ -150,16 +237,38 @@ class CalibrationPass(PassBase):
         probe = Extrema()  # extrema of the first batches run one by one, for the stacking check
         feeding = True  # False: the stacking check's extra run, which the observers must not see
         probing: list[Extrema] = [probe] if blocker is None else []
+        engine = CalibEngine.parse(ctx.settings.calib_engine)
+        top_level = {v.name for v in graph.inputs} | {o for n in graph.nodes for o in n.outputs if o}
+        tensors = list(dict.fromkeys(tensor_of[id(c)] for c, _ in observed))
+        ort_why = "calib_engine is 'executor'" if engine is CalibEngine.EXECUTOR else ort_blocker(
+            [o for _, o in observed], tensors, top_level, ctx.settings.device, ctx.settings.range_bits,
+            ctx.calib_data.num_batches is not None, ctx.settings.distributed)
+        floors = value_floors(graph, lambda n: clip_bounds(graph_index, n)[0]) if ort_why is None else {}
+        first = FirstBatches()  # the executor's extrema and run times over the first batches (onnxruntime's check)
+        recording: list[FirstBatches] = [first] if ort_why is None else []
+        silent: list[bool] = []  # non-empty: a run that only records (exact values of undecided range ends)
+        ort: OrtStatistics | None = None
+        later = LaterBatches()
+        later_batches: dict[int, dict[str, Any]] = {}
+        delta = 0.0
+        # stacking ruled out up front (a static batch dim, batch-dependent observers): onnxruntime is tried after the
+        # first batch, and runs the other first batches too (their FP32 outputs kept for export validation)
+        early = ort_why is None and blocker is not None
+
+        def feed(cfg: TensorQuantConfig, obs: Any, x: torch.Tensor) -> None:
+            bound = lower.get(id(cfg), -math.inf)
+            obs.observe(clamp_for_observation(x, bound) if use_flat and bound > -math.inf else x)
 
         def observe(key: tuple[str, str, int], cfg: TensorQuantConfig, obs: Any, x: Any) -> None:
             if not isinstance(x, torch.Tensor):
                 return
             if probing:
                 probing[-1].add(key, x)
-            if not feeding:
+            if recording and feeding:  # (not the stacking check's extra run)
+                recording[-1].add(tensor_of[id(cfg)], x)
+            if not feeding or silent:
                 return
-            bound = lower.get(id(cfg), -math.inf)
-            obs.observe(clamp_for_observation(x, bound) if use_flat and bound > -math.inf else x)
+            feed(cfg, obs, x)
 
         def pre(node: Node, inputs: list[Any]) -> None:
             for i, cfg, obs in on_input.get(node.name, ()):
@@ -202,12 +311,30 @@ class CalibrationPass(PassBase):
                     qgraph.validation_batches.append(batch)
                     if shard is not None and shard.rank != 0:
                         continue  # rank 0 observes the first batches, as one process would
+                    if ort is not None:  # the early path: onnxruntime chosen after the first batch
+                        got, outs = ort.run(batch, keep_outputs)
+                        stats.ort_runs += 1
+                        if got is not None:
+                            later.add(index, got)
+                            later_batches[index] = batch
+                            ort.first.append(got)
+                            if keep_outputs:
+                                qgraph.validation_fp32.append(outs)
+                            continue
+                        recording.append(first)  # a value onnxruntime cannot give: the executor runs this batch
+                    start = time.perf_counter()
                     outputs = ex.run(batch)
+                    first.run_s.append(time.perf_counter() - start)
                     stats.executor_runs += 1
                     if keep_outputs:  # export validation's FP32 reference, not computed again there
                         qgraph.validation_fp32.append(outputs)
                     if probing:
                         first_runs.append((batch, outputs))
+                    if early and ort is None and ort_why is None and data.num_batches > 1:
+                        ort, delta, ort_why = self._try_ort(graph, tensors, first, [batch], data.num_batches - 1,
+                                                            engine, bits, floors)
+                    if early:
+                        recording.clear()
                     continue
                 if not decided:
                     decided = True
@@ -219,7 +346,27 @@ class CalibrationPass(PassBase):
                         limit, blocker = broadcast_from_rank0((limit, blocker))
                     probing.clear()
                     first_runs.clear()
+                    if limit <= 1 and ort_why is None and ort is None:
+                        ort, delta, ort_why = self._try_ort(graph, tensors, first, qgraph.validation_batches,
+                                                            data.num_batches - first_batches, engine, bits, floors)
+                    elif ort is not None and engine is CalibEngine.AUTO and bits is not None:
+                        recurring = recurring_end(ort.first, delta, bits, floors)  # (early path: now 2+ batches)
+                        if recurring is not None:  # back to the executor; the batches run so far are settled below
+                            ort, ort_why = None, f"the range end of '{recurring}' recurs on a rounding boundary"
+                    recording.clear()
                 if shard is not None and not shard.owns(index, first_batches):
+                    continue
+                if ort is not None:
+                    got = ort.extrema(batch)
+                    stats.ort_runs += 1
+                    if got is not None:
+                        later.add(index, got)
+                        later_batches[index] = batch
+                        continue
+                    recording.append(first)  # a value onnxruntime cannot give: the executor runs this batch
+                    ex.run(batch)
+                    recording.clear()
+                    stats.executor_runs += 1
                     continue
                 if limit <= 1:
                     ex.run(batch)
@@ -232,15 +379,23 @@ class CalibrationPass(PassBase):
                 if sum(map(samples_in, pending)) >= limit:
                     flush()
             flush()
+            if later.per_tensor:
+                assert bits is not None  # ort_blocker: range_bits=None stays on the executor
+                self._finish_ort(ex, later, later_batches, first, delta, bits, floors, recording, silent, stats)
+                for cfg, obs in observed:
+                    pairs = later.pairs(tensor_of[id(cfg)])
+                    if pairs is not None:
+                        feed(cfg, obs, pairs)
         if shard is not None:
             merge_observers_across_ranks([o for _, o in observed])
         if not decided and blocker is None:
             blocker = "every calibration batch was one of the first, run one by one for export validation"
         stats.stack_samples = limit
         stats.stack_blocker = blocker or ""
+        stats.engine = "onnxruntime" if ort is not None else "executor"
+        stats.engine_note = ort_why or ""
         if keep_outputs:
             qgraph.validation_fp32_state = graph_state(graph)
-        bits = ctx.settings.range_bits
         for cfg, obs in observed:
             cfg.params = activation_params(obs, bits)
             cfg.state = QuantState.ACTIVATED

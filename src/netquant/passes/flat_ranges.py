@@ -28,7 +28,8 @@ def _scalar(index: GraphIndex, name: str) -> float | None:
     return float(c.reshape(()))
 
 
-def _clip_bounds(index: GraphIndex, node: Node) -> tuple[float, float]:
+def clip_bounds(index: GraphIndex, node: Node) -> tuple[float, float]:
+    """A Clip node's constant (min, max) (-inf / inf where not given or not constant)."""
     if "min" in node.attrs or "max" in node.attrs:  # opset < 11
         return float(node.attrs.get("min", NEG_INF)), float(node.attrs.get("max", math.inf))
     lo = _scalar(index, node.inputs[1]) if len(node.inputs) > 1 and node.inputs[1] else NEG_INF
@@ -73,7 +74,7 @@ class FlatRanges:
         if c.inputs and c.inputs[0] == t and op == "Relu":
             return 0.0
         if c.inputs and c.inputs[0] == t and op == "Clip":
-            return _clip_bounds(self.index, c)[0]
+            return clip_bounds(self.index, c)[0]
         if c.inputs and c.inputs[0] == t and op == "HardSigmoid":
             alpha, beta = float(c.attrs.get("alpha", 0.2)), float(c.attrs.get("beta", 0.5))
             return -beta / alpha if alpha > 0 else NEG_INF
@@ -104,7 +105,7 @@ class FlatRanges:
             if op == "Relu":
                 threshold = 0.0
             elif op == "Clip":
-                lo, _ = _clip_bounds(self.index, node)
+                lo, _ = clip_bounds(self.index, node)
                 if lo != 0.0:
                     return NEG_INF
                 threshold = 0.0

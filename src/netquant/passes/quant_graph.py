@@ -135,13 +135,43 @@ class CleanupCounts:
 @dataclass
 class CalibrationCounts:
     """What calibration observed: activation tensors observed and those given a flat lower bound; how it ran:
-    executor runs, samples per stacked run (1: batches as given) and why it did not stack ('' when it did)."""
+    executor runs, samples per stacked run (1: batches as given) and why it did not stack ('' when it did); the
+    engine of the FP32 statistics (passes.calib_ort: 'executor' or 'onnxruntime'), why not onnxruntime ('' when it
+    was), onnxruntime runs and executor re-runs for range ends onnxruntime left undecided."""
 
     observed_tensors: int = 0
     flat_bounds: int = 0
     executor_runs: int = 0
     stack_samples: int = 1
     stack_blocker: str = ""
+    engine: str = "executor"
+    engine_note: str = ""
+    ort_runs: int = 0
+    exact_reruns: int = 0
+
+
+@dataclass(frozen=True)
+class WholeModelTiming:
+    """Median wall-clock ms of one run of the user's FP32 model and of the all-INT8 file in onnxruntime, measured by
+    placement (api.placement's whole-model check: interleaved rounds, `threads` intra-op threads) on feeds of
+    `shapes`; `state`: the quant state (export.onnx_qdq.quant_state) of the file it timed. Export's FP32-vs-INT8
+    comparison reports it instead of timing the same two models again (export.fidelity)."""
+
+    fp32_ms: float
+    int8_ms: float
+    shapes: dict[str, tuple[int, ...]]
+    threads: int
+    state: tuple[Any, ...]
+
+
+@dataclass(frozen=True)
+class FakeQuantRun:
+    """The graph outputs of one fake-quant executor run (exact accumulation) on `inputs`, in the quant state `state`
+    (export.onnx_qdq.quant_state): placement's all-INT8 loss run, reused by export validation for the same batch."""
+
+    state: tuple[Any, ...]
+    inputs: dict[str, torch.Tensor]
+    outputs: dict[str, torch.Tensor]
 
 
 class QuantizedGraph:
@@ -178,6 +208,8 @@ class QuantizedGraph:
         self.dynamic_ops: set[str] = set()
         # export.attention.AttentionRewrite measured by analysis.attention (None: the platform's rules alone)
         self.attention_rewrite: Any = None
+        self.whole_model_timing: WholeModelTiming | None = None  # placement's FP32 / all-INT8 timing (api.quantize)
+        self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
 
     @property
     def graph(self) -> Graph:

@@ -11,6 +11,7 @@ from typing import Any
 
 from netquant.core.spec import Granularity
 from netquant.errors import ConfigError
+from netquant.passes.calib_ort import CalibEngine
 from netquant.passes.overrides import OpSelector, Override
 from netquant.platforms import Platform, get_platform
 from netquant.platforms.targets import CpuTarget, WeightScheme
@@ -105,6 +106,9 @@ class QuantSettings:
     calib_stack_mb: batched calibration (passes.calib_stack): equal-shape calibration batches run stacked, as many
         samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
         unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
+    calib_engine: the engine of FP32 calibration statistics (passes.calib_ort): 'auto' (onnxruntime where stacking is
+        ruled out and it measures faster on the first batches, with the executor's scales), 'executor', 'onnxruntime'
+        (whenever its first-batch check passes).
     distributed: calibration sharded over the torch.distributed group (passes.distributed; torchrun's variables
         create a gloo group when none exists): every rank passes the same data, runs its share, and the observers are
         merged exactly (order-invariant observers only). Rank 0 places and writes; the other ranks skip placement.
@@ -147,6 +151,7 @@ class QuantSettings:
     placement_time_s: float | None = None
     effort: Effort | str = Effort.DEFAULT
     calib_stack_mb: float = 256.0
+    calib_engine: str = "auto"
     distributed: bool = False
     min_cosine: float | None = None
     allow_float: bool = False
@@ -205,6 +210,7 @@ class QuantSettings:
             raise ConfigError(f"placement_time_s must be None or >= 0, got {self.placement_time_s!r}")
         if not isinstance(self.calib_stack_mb, (int, float)) or self.calib_stack_mb < 0:
             raise ConfigError(f"calib_stack_mb must be a number >= 0 (0: no stacking), got {self.calib_stack_mb!r}")
+        self.calib_engine = CalibEngine.parse(self.calib_engine).value
         if self.min_cosine is not None and (not isinstance(self.min_cosine, (int, float)) or self.min_cosine != self.min_cosine
                                             or self.min_cosine > 1):
             raise ConfigError(f"min_cosine must be None or a number <= 1 (the lowest output cosine vs FP32 an export "

@@ -127,9 +127,9 @@ def hardswish_to_hardsigmoid(graph: Graph) -> int:
             clip = _single_consumer(index, graph, add.outputs[0])
             if clip is None or clip.op_type != "Clip":
                 continue
-            from netquant.passes.flat_ranges import _clip_bounds
+            from netquant.passes.flat_ranges import clip_bounds
 
-            if _clip_bounds(index, clip) != (0.0, 6.0):
+            if clip_bounds(index, clip) != (0.0, 6.0):
                 continue
             mul = _single_consumer(index, graph, clip.outputs[0])
             if mul is None or mul.op_type != "Mul" or sorted(mul.inputs) != sorted([x, clip.outputs[0]]):

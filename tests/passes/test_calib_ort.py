@@ -1,0 +1,169 @@
+"""FP32 calibration statistics from onnxruntime (passes.calib_ort): the scales and zero points of executor-only
+calibration, bit for bit, on a CNN with a static batch dim, a hard-swish model whose range end recurs on a rounding
+boundary (settled by executor re-runs), and the light models squeezenet / inception_v1 (slow); the rule that settles
+a range end from onnxruntime's value, hand-checked."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from netquant.api import quantize_onnx, zoo
+from netquant.graph import load_onnx
+from netquant.passes.calib_ort import CalibEngine, LaterBatches, rounded, undecided, value_floors
+from netquant.passes.flat_ranges import clip_bounds
+from netquant.passes.quantizer import GraphIndex
+from tests.helpers.export_models import conv_net
+
+Params = dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def _params(qm: Any) -> Params:
+    out: Params = {}
+    for oc in qm.qgraph.op_configs.values():
+        for kind, cfgs in (("in", oc.inputs), ("out", oc.outputs)):
+            for i, c in enumerate(cfgs):
+                if c is not None and c.params is not None:
+                    out[(oc.op.name, kind, i)] = (c.params.scale, c.params.zero_point)
+    return out
+
+
+def _both(model: Any, batches: list[Any], **settings: Any) -> tuple[Any, Any]:
+    kw = {"objective": None, "quiet": True, "threads": 1, **settings}
+    return (quantize_onnx(model, batches, calib_engine="executor", **kw),
+            quantize_onnx(model, batches, calib_engine="onnxruntime", **kw))
+
+
+def _assert_same_params(a_qm: Any, b_qm: Any) -> None:
+    a, b = _params(a_qm), _params(b_qm)
+    assert a and a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key][0], b[key][0]) and torch.equal(a[key][1], b[key][1]), key
+
+
+def _images(n: int, shape: tuple[int, ...] = (1, 3, 16, 16), seed: int = 3) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal(shape).astype(np.float32) * (1 + i % 3) for i in range(n)]
+
+
+def test_cnn_scales_bit_identical() -> None:
+    ex, ort = _both(conv_net(batch=1), _images(20))
+    assert ex.qgraph.calibration.engine == "executor" and ex.qgraph.calibration.executor_runs == 20
+    c = ort.qgraph.calibration
+    assert c.engine == "onnxruntime" and c.engine_note == ""
+    # a static batch dim rules out stacking up front: the executor runs the first batch, onnxruntime the other 19
+    # (with the graph outputs of the other two validation batches: export validation's FP32 reference)
+    assert c.ort_runs == 19 and c.executor_runs == 1 + c.exact_reruns
+    _assert_same_params(ex, ort)
+    assert len(ort.qgraph.validation_fp32) == len(ex.qgraph.validation_fp32) == 3
+    for a, b in zip(ex.qgraph.validation_fp32, ort.qgraph.validation_fp32):
+        assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
+
+
+def _hard_swish_model() -> onnx.ModelProto:
+    """x[1,8] -> MatMul -> h * HardSigmoid(h) (hard-swish: minimum -0.375 at h = -1.5, a rounding boundary) -> MatMul."""
+    rng = np.random.default_rng(0)
+    w1 = numpy_helper.from_array((rng.standard_normal((8, 4096)) * 0.7).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((4096, 4)).astype(np.float32), "w2")
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
+             helper.make_node("HardSigmoid", ["h"], ["g"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["h", "g"], ["a"]),
+             helper.make_node("MatMul", ["a", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "hswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w1, w2])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_range_end_on_a_rounding_boundary_is_settled_by_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    batches = _images(12, (1, 8), seed=5)
+    ex, ort = _both(_hard_swish_model(), batches, simplify=False)
+    c = ort.qgraph.calibration
+    assert c.engine == "onnxruntime" and c.exact_reruns > 0  # -0.375 +- noise: the executor's value decides
+    _assert_same_params(ex, ort)
+    monkeypatch.setattr("netquant.passes.calibration.ORT_WORTH_S", 0.0)  # auto's speed rules aside: tiny model
+    monkeypatch.setattr("netquant.passes.calibration.ORT_FASTER", math.inf)
+    auto = quantize_onnx(_hard_swish_model(), batches, objective=None, quiet=True, threads=1, simplify=False)
+    assert auto.qgraph.calibration.engine == "executor"
+    assert "recurs on a rounding boundary" in auto.qgraph.calibration.engine_note
+    _assert_same_params(ex, auto)
+
+
+@pytest.mark.parametrize(("settings", "why"), [({"range_bits": None}, "range_bits=None"),
+                                               ({"activation_observer": "percentile"}, "reads more than the extrema"),
+                                               ({"calib_engine": "executor"}, "calib_engine is 'executor'")])
+def test_executor_where_onnxruntime_cannot_give_the_statistics(settings: dict[str, Any], why: str) -> None:
+    kw = {"calib_engine": "onnxruntime", **settings}
+    qm = quantize_onnx(conv_net(batch=1), _images(6), objective=None, quiet=True, threads=1, **kw)
+    assert qm.qgraph.calibration.engine == "executor" and why in qm.qgraph.calibration.engine_note
+    assert qm.qgraph.calibration.executor_runs == 6
+
+
+def test_auto_keeps_stacking_where_it_applies() -> None:
+    qm = quantize_onnx(conv_net(), _images(20), objective=None, quiet=True, threads=1)
+    assert qm.qgraph.calibration.stack_blocker == "" and qm.qgraph.calibration.engine == "executor"
+
+
+def test_calib_engine_setting_is_checked() -> None:
+    from netquant.errors import ConfigError
+
+    assert CalibEngine.parse("onnxruntime") is CalibEngine.ONNXRUNTIME
+    with pytest.raises(ConfigError, match="calib_engine must be one of auto, executor, onnxruntime"):
+        quantize_onnx(conv_net(batch=1), _images(2), objective=None, quiet=True, calib_engine="ort")
+
+
+def test_undecided_range_ends_by_hand() -> None:
+    # 8 significant bits: 0.5 .. 1 has steps of 2^-8; 0.7 rounds outward to 0.703125 (180 / 256)
+    assert rounded(0.7, 8) == 180 / 256 and rounded(180 / 256, 8) == 180 / 256
+    # far from a boundary: onnxruntime's max settles it, whatever the executor's value within the margin
+    assert undecided(None, [0.5, 0.7], 1e-6, 8) == []
+    # at a boundary (179/256 exactly): +-margin rounds to 179/256 or 180/256: the batches that could be the max
+    edge = 179 / 256
+    assert undecided(None, [0.5, edge, edge - 5e-7], 1e-6, 8) == [1, 2]
+    # an exactly known part above every possible value decides it
+    assert undecided(0.9, [0.5, edge], 1e-6, 8) == []
+    # choose_qparams covers max(hi, 0): ends on the far side of zero are decided
+    assert undecided(None, [-0.3, -edge], 1e-6, 8) == []
+    # a ReLU's lower end 0 (negated: values <= 0 by the op's definition): decided with the floor, not without
+    assert undecided(None, [0.0, 0.0], 1e-6, 8, ceiling=0.0) == []
+    assert undecided(None, [0.0, 0.0], 1e-6, 8) == [0, 1]
+    # lower ends: LaterBatches negates them; minimum -0.375 is a boundary, a floor of -inf leaves it undecided
+    later = LaterBatches()
+    for i, lo in enumerate([-0.375, -0.2, -0.37499997]):
+        later.add(i, {"t": (lo, 0.7 + 0.01 * i)})  # upper end 0.72: far from a boundary
+    assert later.undecided_batches({}, 1e-6, 8, {}) == {"t": {0, 2}}
+    assert later.undecided_batches({}, 1e-6, 8, {"t": -0.375}) == {}
+    assert math.isinf(value_floors(load_onnx(_hard_swish_model()), lambda n: -math.inf).get("a", -math.inf))
+
+
+def test_value_floors_follow_op_definitions() -> None:
+    graph = load_onnx(conv_net(batch=1))
+    index = GraphIndex(graph)
+    floors = value_floors(graph, lambda n: clip_bounds(index, n)[0])
+    # Relu -> 0; Add of two ReLUs is not followed (sums can round either way), MaxPool keeps its input's floor
+    assert floors["r1"] == 0.0 and floors["r2"] == 0.0 and "s" not in floors and "p" not in floors
+    assert "c1" not in floors and "y" not in floors
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["squeezenet", "inception_v1"])
+def test_light_models_scales_bit_identical(name: str) -> None:
+    import onnxruntime as ort
+
+    path, _ = zoo.light_model_path(name)
+    inp = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0]
+    ex, on_ort = _both(str(path), _images(16, tuple(d if isinstance(d, int) else 1 for d in inp.shape)))
+    assert on_ort.qgraph.calibration.engine == "onnxruntime"
+    _assert_same_params(ex, on_ort)
+
+
+def test_auto_keeps_large_weights_on_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("netquant.passes.calibration.ORT_WORTH_S", 0.0)
+    monkeypatch.setattr("netquant.passes.calibration.AUTO_MAX_WEIGHT_BYTES", 1000)  # conv_net holds ~3.5 kB
+    qm = quantize_onnx(conv_net(batch=1), _images(6), objective=None, quiet=True, threads=1)
+    assert qm.qgraph.calibration.engine == "executor" and "MiB of weights" in qm.qgraph.calibration.engine_note
