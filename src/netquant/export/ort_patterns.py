@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -92,7 +93,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
     return changed
 
 
-__all__ = ["keep_qdq_matmul_bias_apart"]
+__all__ = ["embed_layer_norm_rows", "keep_qdq_matmul_bias_apart"]
 
 
 def gather_int8_rows(model: onnx.ModelProto) -> int:
@@ -253,3 +254,105 @@ def _splice(graph: onnx.GraphProto, replaced: dict[int, list[onnx.NodeProto]], r
     graph.node.extend(nodes)
     return nodes
 
+
+
+def _is_int8_rows(dq: onnx.NodeProto | None, inits: dict[str, onnx.TensorProto]) -> bool:
+    """dq is DequantizeLinear(int8 [V, D] initializer, per-row scale [V], axis 0): an int8-rows embedding table."""
+    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+        return False
+    codes, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
+    return codes is not None and scale is not None and codes.data_type == onnx.TensorProto.INT8 and \
+        len(codes.dims) == 2 and list(scale.dims) == [codes.dims[0]] and \
+        next((a.i for a in dq.attribute if a.name == "axis"), 1) in (0, -2)
+
+
+def embed_layer_norm_rows(model: onnx.ModelProto) -> int:
+    """Rewrite com.microsoft EmbedLayerNormalization(input_ids, segment_ids, DQ(word), DQ(position), segment, gamma,
+    beta, mask, position_ids) whose word table is int8 rows (passes.embeddings) into its definition, in place:
+    e = Gather(word, input_ids) + Gather(position, position_ids or Range(0, S)) [+ Gather(segment, segment_ids)],
+    y = LayerNormalization(e, gamma, beta, epsilon), mask_index = ReduceSum(mask > 0, axis 1) as int32,
+    embedding_sum = e. The Gathers read the DequantizeLinear tables, so gather_int8_rows (run after this) dequantizes
+    only the gathered rows each run (onnxruntime's EmbedLayerNormalization takes float tables only: the int8 file
+    keeps the table in int8, as QEmbedLayerNormalization does per tensor). Nodes whose mask_index output is read but
+    that have no mask input are left alone. Returns how many nodes were rewritten."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = defaultdict(int)
+    for n in graph.node:
+        for i in n.input:
+            readers[i] += 1
+    outputs = {o.name for o in graph.output}
+    taken = set(inits) | set(producer) | {i.name for i in graph.input} | {i for n in graph.node for i in n.input}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    def const(base: str, value: np.ndarray) -> str:
+        name = fresh(base)
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    def arg(node: onnx.NodeProto, i: int) -> str:
+        return node.input[i] if i < len(node.input) else ""
+
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        if node.op_type != "EmbedLayerNormalization" or node.domain != "com.microsoft" or \
+                not _is_int8_rows(producer.get(arg(node, 2)), inits):
+            continue
+        out = list(node.output) + [""] * (3 - len(node.output))
+        mask = arg(node, 7)
+        if out[1] and (readers[out[1]] or out[1] in outputs) and not mask:
+            continue
+        ids, seg_ids, word, pos, seg = arg(node, 0), arg(node, 1), arg(node, 2), arg(node, 3), arg(node, 4)
+        gamma, beta, pos_ids = arg(node, 5), arg(node, 6), arg(node, 8)
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
+        p = node.name or fresh("embed_layer_norm")
+        new: list[onnx.NodeProto] = []
+        w_rows = fresh(f"{p}/word")
+        new.append(helper.make_node("Gather", [word, ids], [w_rows], name=fresh(f"{p}/word_gather"), axis=0))
+        if not pos_ids:
+            shape, length, positions = fresh(f"{p}/shape"), fresh(f"{p}/length"), fresh(f"{p}/positions")
+            new += [helper.make_node("Shape", [ids], [shape], name=fresh(f"{p}/Shape"), start=1, end=2),
+                    helper.make_node("Squeeze", [shape], [length], name=fresh(f"{p}/Squeeze")),
+                    helper.make_node("Cast", [length], [fresh(f"{p}/length64")], name=fresh(f"{p}/CastLength"),
+                                     to=onnx.TensorProto.INT64)]
+            new.append(helper.make_node("Range", [const(f"{p}/zero", np.array(0, np.int64)), new[-1].output[0],
+                                                  const(f"{p}/one", np.array(1, np.int64))], [positions],
+                                        name=fresh(f"{p}/Range")))
+            pos_ids = positions
+        p_rows = fresh(f"{p}/position")
+        new.append(helper.make_node("Gather", [pos, pos_ids], [p_rows], name=fresh(f"{p}/position_gather"), axis=0))
+        total = fresh(f"{p}/word_position") if (seg and seg_ids) or not out[2] else out[2]
+        new.append(helper.make_node("Add", [w_rows, p_rows], [total], name=fresh(f"{p}/add_position")))
+        if seg and seg_ids:
+            s_rows = fresh(f"{p}/segment")
+            new.append(helper.make_node("Gather", [seg, seg_ids], [s_rows], name=fresh(f"{p}/segment_gather"),
+                                        axis=0))
+            summed = out[2] or fresh(f"{p}/embedding_sum")
+            new.append(helper.make_node("Add", [total, s_rows], [summed], name=fresh(f"{p}/add_segment")))
+            total = summed
+        new.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []), [out[0]],
+                                    name=node.name or fresh(f"{p}/LayerNormalization"), axis=-1, epsilon=eps))
+        if out[1]:
+            positive, count = fresh(f"{p}/mask_positive"), fresh(f"{p}/mask_count")
+            zero = const(f"{p}/mask_zero", np.array(0, np.int32))
+            mask32 = fresh(f"{p}/mask32")
+            new += [helper.make_node("Cast", [mask], [mask32], name=fresh(f"{p}/CastMask"), to=onnx.TensorProto.INT32),
+                    helper.make_node("Greater", [mask32, zero], [positive], name=fresh(f"{p}/Greater")),
+                    helper.make_node("Cast", [positive], [count], name=fresh(f"{p}/CastCount"),
+                                     to=onnx.TensorProto.INT32),
+                    helper.make_node("ReduceSum", [count, const(f"{p}/axis1", np.array([1], np.int64))], [out[1]],
+                                     name=fresh(f"{p}/ReduceSum"), keepdims=0)]
+        replaced[id(node)] = new
+    if not replaced:
+        return 0
+    _splice(graph, replaced, readers)
+    return len(replaced)
