@@ -246,6 +246,45 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
     return "\n".join(lines)
 
 
+def _sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """A results file as its header lines and its ('## title', lines) sections, in order."""
+    header: list[str] = []
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            sections.append((line[3:], [line]))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            header.append(line)
+    return header, sections
+
+
+def merge(parts: list[Path]) -> str:
+    """One results file from several runs of this script on disjoint --models (run side by side when one run does
+    not fit the time there is): the first file's header, every model section once (first seen wins), and the
+    'Not run' entries that no part ran."""
+    header: list[str] = []
+    kept: dict[str, list[str]] = {}
+    not_run: list[str] = []
+    for i, part in enumerate(parts):
+        head, sections = _sections(part.read_text())
+        # each run's own line (its seconds and load average) from the second part on
+        header = header + [x for x in head if x.startswith("onnxruntime ")] if i else head
+        for title, lines in sections:
+            if title == "Not run":
+                not_run += [x for x in lines if x.startswith("- ") and x not in not_run]
+            else:
+                kept.setdefault(title, lines)
+    lines = header + [f"Merged with --merge from {len(parts)} runs side by side (disjoint --models).", ""]
+    for body in kept.values():
+        lines += body
+    left = [x for x in not_run if x[2:].split(": ")[0] not in kept]
+    if left:
+        lines += ["## Not run", "", *left, ""]
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(tm.ENCODERS))
@@ -257,7 +296,11 @@ def main() -> int:
     ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
     ap.add_argument("--quick", action="store_true", help="small sets, results not written")
     ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit")
     args = ap.parse_args()
+    if args.merge:
+        write_text_atomic(args.out, merge(args.merge), "benchmark results")
+        return 0
     if args.quick:
         args.calib, args.eval, args.repeats, args.rounds = 4, 1, 1, 2
     start = time.perf_counter()
