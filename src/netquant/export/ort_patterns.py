@@ -45,7 +45,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
 
     rank_of: the rank of a tensor of the source graph by name, None when unknown (such MatMuls are left alone); the
     MatMul's input is traced back through its DequantizeLinear / Clip / QuantizeLinear to the source tensor. A bias
-    that other nodes also read gets a reshaped copy of its own."""
+    that other nodes also read gets a reshaped copy, one per rank that all its MatMul Adds share."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -54,6 +54,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
             readers[i].append(n)
     outputs = {o.name for o in graph.output}
     taken = {t.name for t in graph.initializer} | set(producer) | {i.name for i in graph.input}
+    copies: dict[tuple[str, int], str] = {}
     changed = 0
     for mm in list(graph.node):
         if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
@@ -73,6 +74,8 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
         if len(readers[bias.name]) == 1:
             del bias.dims[:]
             bias.dims.extend(dims)
+        elif (bias.name, rank) in copies:  # one reshaped copy per shared bias and rank (exporters share equal ones)
+            add.input[index] = copies[(bias.name, rank)]
         else:
             name, k = f"{bias.name}_rank{rank}", 1
             while name in taken:
@@ -85,6 +88,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
             copy.dims.extend(dims)
             graph.initializer.append(copy)
             add.input[index] = name
+            copies[(bias.name, rank)] = name
         changed += 1
     if changed:  # value_info of a reshaped bias (if any) no longer holds
         keep = [v for v in graph.value_info if v.name not in {t.name for t in graph.initializer}]
