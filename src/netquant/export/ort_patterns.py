@@ -102,7 +102,8 @@ __all__ = ["embed_layer_norm_rows", "keep_qdq_matmul_bias_apart"]
 
 def gather_int8_rows(model: onnx.ModelProto) -> int:
     """Rewrite DequantizeLinear(int8 table [V, D], per-row scale [V], zero zero points, axis 0) -> Gather(axis 0) into
-    Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings): the same values, but
+    Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings; the scales in float16,
+    Cast to float after the Gather, where float16 holds every one exactly): the same values, but
     only the gathered rows are dequantized each run (onnxruntime does not fold a DequantizeLinear of an initializer,
     so the first form dequantizes the whole table on every run). Returns how many Gathers were rewritten."""
     from onnx import numpy_helper
@@ -139,19 +140,21 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
                 (zero is not None and numpy_helper.to_array(zero).any()):
             continue
         column = fresh(f"{scale.name}_rows")
-        scales = onnx.TensorProto()
-        scales.CopyFrom(scale)
-        scales.name = column
-        del scales.dims[:]
-        scales.dims.extend([int(codes.dims[0]), 1])
+        values = numpy_helper.to_array(scale).astype(np.float32).reshape(-1, 1)
+        half = values.astype(np.float16)
+        exact = bool(np.isfinite(half).all() and (half.astype(np.float32) == values).all())
+        scales = numpy_helper.from_array(half if exact else values, column)  # float16 where it holds them exactly
         graph.initializer.append(scales)
         inits[column] = scales
         p = gather.name or fresh("embedding")
         rows, as_float, row_scales = fresh(f"{p}/int8_rows"), fresh(f"{p}/rows"), fresh(f"{p}/row_scales")
+        gathered = fresh(f"{p}/row_scales_half") if exact else row_scales
         replaced[id(gather)] = [
             helper.make_node("Gather", [codes.name, gather.input[1]], [rows], name=gather.name, axis=0),
             helper.make_node("Cast", [rows], [as_float], name=fresh(f"{p}/Cast"), to=onnx.TensorProto.FLOAT),
-            helper.make_node("Gather", [column, gather.input[1]], [row_scales], name=fresh(f"{p}/scales"), axis=0),
+            helper.make_node("Gather", [column, gather.input[1]], [gathered], name=fresh(f"{p}/scales"), axis=0),
+            *([helper.make_node("Cast", [gathered], [row_scales], name=fresh(f"{p}/CastScales"),
+                                to=onnx.TensorProto.FLOAT)] if exact else []),
             helper.make_node("Mul", [as_float, row_scales], [gather.output[0]], name=fresh(f"{p}/dequantize")),
         ]
         readers[dq.output[0]] -= 1
