@@ -280,6 +280,9 @@ def merge(parts: list[Path]) -> str:
     for body in kept.values():
         lines += body
     left = [x for x in not_run if x[2:].split(": ")[0] not in kept]
+    named = {x[2:].split(": ")[0] for x in left}
+    left += [f"- {t}: not finished in the time the runs had (stopped)" for t in
+             (f"{e.title}, {f}" for e in tm.ENCODERS.values() for f in tm.FORMS) if t not in kept and t not in named]
     if left:
         lines += ["## Not run", "", *left, ""]
     return "\n".join(lines)
