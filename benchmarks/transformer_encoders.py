@@ -278,7 +278,7 @@ def merge(parts: list[Path]) -> str:
                 kept.setdefault(title, lines)
     lines = header + [f"Merged with --merge from {len(parts)} runs side by side (disjoint --models).", ""]
     for body in kept.values():
-        lines += body
+        lines += body + ([""] if body[-1] else [])
     left = [x for x in not_run if x[2:].split(": ")[0] not in kept]
     named = {x[2:].split(": ")[0] for x in left}
     left += [f"- {t}: not finished in the time the runs had (stopped)" for t in
