@@ -126,3 +126,26 @@ def test_static_shape_bert_runs_int8_kernels_in_onnxruntime(static_bert: Path, t
     feeds = small_bert_batches(1, seed=50)[0]
     ref = _session(str(static_bert)).run(None, feeds)[0]
     assert cosine(sess.run(None, feeds)[0], ref) > 0.999
+
+
+def test_a_bias_shared_by_matmuls_gets_one_reshaped_copy(tmp_path: Path) -> None:
+    """Exporters share equal initializers (e.g. zero biases of freshly initialised layers): the MatMul Adds that read
+    one such bias share one reshaped copy, so the file does not grow by a copy per layer."""
+    model = _qdq_matmul_add(bias_shared=True)
+    g = model.graph
+    g.node.extend([helper.make_node("MatMul", ["xd", "wd"], ["mm2"]), helper.make_node("Add", ["mm2", "b"], ["y3"])])
+    g.output.append(helper.make_tensor_value_info("y3", TensorProto.FLOAT, [2, 5, 6]))
+    before = tmp_path / "before.onnx"
+    onnx.save(model, before)
+    assert keep_qdq_matmul_bias_apart(model, lambda name: 3 if name == "x" else None) == 2
+    copies = [t.name for t in g.initializer if list(t.dims) == [1, 1, 6]]
+    assert len(copies) == 1
+    assert {n.input[1] for n in g.node if n.op_type == "Add" and n.input[0] in ("mm", "mm2")} == set(copies)
+    after = tmp_path / "after.onnx"
+    onnx.save(model, after)
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.standard_normal((2, 5, 8)).astype(np.float32), "z": rng.standard_normal(6).astype(np.float32)}
+    off = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    for a, b in zip(_session(str(before), off).run(None, feeds), _session(str(after), off).run(None, feeds),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)

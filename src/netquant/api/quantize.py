@@ -279,6 +279,10 @@ def quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: Any
     instead, keeping their names; dynamic_batch=False with no dynamic_axes fixes every dim to the example's.
     Weight-only int4 / int8 (MatMulNBits or blocked DQ files) of a module: netquant.quantize_weights(module, path,
     example_inputs=...); a module quantized with netquant.nn: netquant.export_weight_only.
+    Keyword inputs: example_inputs as a dict {name: tensor} (e.g. a Hugging Face tokenizer's output for a
+    transformers AutoModel: input_ids / attention_mask / token_type_ids) calls forward(**example); the inputs keep
+    their names, dims 0 (batch) and, for token inputs, 1 (sequence) are symbolic by default, and a ModelOutput's
+    fields name the outputs (netquant.api.keyword_inputs; transformers models need no wrapper).
     The caller's module keeps its train / eval modes (it is exported in eval mode). `threads` as in quantize_onnx
     (the export runs under it too)."""
     _check_float_module(module)
@@ -291,20 +295,36 @@ def _quantize_torch(module: torch.nn.Module, example_inputs: Any, calib_data: An
                     opset: int, input_names: Sequence[str] | None, output_names: Sequence[str] | None,
                     dynamic_axes: dict[str, dict[int, str]] | None, dynamic_batch: bool, threads: int,
                     settings: dict[str, Any]) -> QuantizedModel:
-    args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
-    names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
     modes = [(m, m.training) for m in module.modules()]  # the caller's train / eval mode, given back after export
     try:
         with torch.inference_mode(False):  # (under inference_mode the graph's tensors could not be versioned)
             module.eval()
-            proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
-                                  dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
+            if isinstance(example_inputs, Mapping):  # keyword inputs (a tokenizer's output): api.keyword_inputs
+                proto = _export_keywords(module, example_inputs, opset, output_names, dynamic_axes, dynamic_batch)
+            else:
+                args = example_inputs if isinstance(example_inputs, tuple) else (example_inputs,)
+                names = list(input_names) if input_names else [f"input_{i}" for i in range(len(args))]
+                proto = torch_to_onnx(module, args, opset=opset, input_names=names, output_names=output_names,
+                                      dynamic_axes=dynamic_axes, dynamic_batch=dynamic_batch, what="quantize_torch")
     except ExportError as err:
         raise ModelError(f"torch.onnx.export of {type(module).__name__} failed: {err}") from err
     finally:
         for m, training in modes:
             m.training = training
     return quantize_onnx(proto, calib_data, platform, threads=threads, **settings)
+
+
+def _export_keywords(module: torch.nn.Module, example: Mapping[str, Any], opset: int,
+                     output_names: Sequence[str] | None, dynamic_axes: dict[str, dict[int, str]] | None,
+                     dynamic_batch: bool) -> onnx.ModelProto:
+    from netquant.api.keyword_inputs import keyword_export, name_dims
+
+    plan = keyword_export(module, example, output_names=output_names, dynamic_axes=dynamic_axes,
+                          dynamic_batch=dynamic_batch)
+    proto = torch_to_onnx(module, (), kwargs=plan.kwargs, opset=opset, input_names=plan.input_names,
+                          output_names=plan.output_names, dynamic_shapes=plan.dynamic_shapes, what="quantize_torch")
+    name_dims(proto, plan.dim_names)
+    return proto
 
 
 def _check_float_module(module: Any) -> None:

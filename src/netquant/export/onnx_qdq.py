@@ -40,6 +40,7 @@ from netquant.export.ort_kernels import (
 )
 from netquant.export.ort_patterns import (
     drop_zero_weight_zero_points,
+    embed_layer_norm_rows,
     gather_int8_rows,
     keep_qdq_matmul_bias_apart,
     q_attention,
@@ -276,6 +277,7 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         rewritten = qgraph.attention_rewrite.apply(model) or rewritten
     if qgraph.platform.validation is Validation.ONNXRUNTIME:  # exact rewrites for onnxruntime's fusions
         keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
+        rewritten = embed_layer_norm_rows(model) > 0 or rewritten  # before gather_int8_rows: it makes Gathers
         rewritten = gather_int8_rows(model) > 0 or rewritten
         rewritten = q_attention(model) > 0 or rewritten
         drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))

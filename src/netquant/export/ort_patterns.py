@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 
+import numpy as np
 import onnx
 from onnx import helper
 
@@ -44,7 +45,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
 
     rank_of: the rank of a tensor of the source graph by name, None when unknown (such MatMuls are left alone); the
     MatMul's input is traced back through its DequantizeLinear / Clip / QuantizeLinear to the source tensor. A bias
-    that other nodes also read gets a reshaped copy of its own."""
+    that other nodes also read gets a reshaped copy, one per rank that all its MatMul Adds share."""
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
@@ -53,6 +54,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
             readers[i].append(n)
     outputs = {o.name for o in graph.output}
     taken = {t.name for t in graph.initializer} | set(producer) | {i.name for i in graph.input}
+    copies: dict[tuple[str, int], str] = {}
     changed = 0
     for mm in list(graph.node):
         if mm.op_type != "MatMul" or mm.domain not in ("", "ai.onnx") or len(mm.input) != 2:
@@ -72,6 +74,8 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
         if len(readers[bias.name]) == 1:
             del bias.dims[:]
             bias.dims.extend(dims)
+        elif (bias.name, rank) in copies:  # one reshaped copy per shared bias and rank (exporters share equal ones)
+            add.input[index] = copies[(bias.name, rank)]
         else:
             name, k = f"{bias.name}_rank{rank}", 1
             while name in taken:
@@ -84,6 +88,7 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
             copy.dims.extend(dims)
             graph.initializer.append(copy)
             add.input[index] = name
+            copies[(bias.name, rank)] = name
         changed += 1
     if changed:  # value_info of a reshaped bias (if any) no longer holds
         keep = [v for v in graph.value_info if v.name not in {t.name for t in graph.initializer}]
@@ -92,12 +97,13 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
     return changed
 
 
-__all__ = ["keep_qdq_matmul_bias_apart"]
+__all__ = ["embed_layer_norm_rows", "keep_qdq_matmul_bias_apart"]
 
 
 def gather_int8_rows(model: onnx.ModelProto) -> int:
     """Rewrite DequantizeLinear(int8 table [V, D], per-row scale [V], zero zero points, axis 0) -> Gather(axis 0) into
-    Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings): the same values, but
+    Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings; the scales in float16,
+    Cast to float after the Gather, where float16 holds every one exactly): the same values, but
     only the gathered rows are dequantized each run (onnxruntime does not fold a DequantizeLinear of an initializer,
     so the first form dequantizes the whole table on every run). Returns how many Gathers were rewritten."""
     from onnx import numpy_helper
@@ -134,19 +140,21 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
                 (zero is not None and numpy_helper.to_array(zero).any()):
             continue
         column = fresh(f"{scale.name}_rows")
-        scales = onnx.TensorProto()
-        scales.CopyFrom(scale)
-        scales.name = column
-        del scales.dims[:]
-        scales.dims.extend([int(codes.dims[0]), 1])
+        values = numpy_helper.to_array(scale).astype(np.float32).reshape(-1, 1)
+        half = values.astype(np.float16)
+        exact = bool(np.isfinite(half).all() and (half.astype(np.float32) == values).all())
+        scales = numpy_helper.from_array(half if exact else values, column)  # float16 where it holds them exactly
         graph.initializer.append(scales)
         inits[column] = scales
         p = gather.name or fresh("embedding")
         rows, as_float, row_scales = fresh(f"{p}/int8_rows"), fresh(f"{p}/rows"), fresh(f"{p}/row_scales")
+        gathered = fresh(f"{p}/row_scales_half") if exact else row_scales
         replaced[id(gather)] = [
             helper.make_node("Gather", [codes.name, gather.input[1]], [rows], name=gather.name, axis=0),
             helper.make_node("Cast", [rows], [as_float], name=fresh(f"{p}/Cast"), to=onnx.TensorProto.FLOAT),
-            helper.make_node("Gather", [column, gather.input[1]], [row_scales], name=fresh(f"{p}/scales"), axis=0),
+            helper.make_node("Gather", [column, gather.input[1]], [gathered], name=fresh(f"{p}/scales"), axis=0),
+            *([helper.make_node("Cast", [gathered], [row_scales], name=fresh(f"{p}/CastScales"),
+                                to=onnx.TensorProto.FLOAT)] if exact else []),
             helper.make_node("Mul", [as_float, row_scales], [gather.output[0]], name=fresh(f"{p}/dequantize")),
         ]
         readers[dq.output[0]] -= 1
@@ -253,3 +261,105 @@ def _splice(graph: onnx.GraphProto, replaced: dict[int, list[onnx.NodeProto]], r
     graph.node.extend(nodes)
     return nodes
 
+
+
+def _is_int8_rows(dq: onnx.NodeProto | None, inits: dict[str, onnx.TensorProto]) -> bool:
+    """dq is DequantizeLinear(int8 [V, D] initializer, per-row scale [V], axis 0): an int8-rows embedding table."""
+    if dq is None or dq.op_type != "DequantizeLinear" or len(dq.input) < 2:
+        return False
+    codes, scale = inits.get(dq.input[0]), inits.get(dq.input[1])
+    return codes is not None and scale is not None and codes.data_type == onnx.TensorProto.INT8 and \
+        len(codes.dims) == 2 and list(scale.dims) == [codes.dims[0]] and \
+        next((a.i for a in dq.attribute if a.name == "axis"), 1) in (0, -2)
+
+
+def embed_layer_norm_rows(model: onnx.ModelProto) -> int:
+    """Rewrite com.microsoft EmbedLayerNormalization(input_ids, segment_ids, DQ(word), DQ(position), segment, gamma,
+    beta, mask, position_ids) whose word table is int8 rows (passes.embeddings) into its definition, in place:
+    e = Gather(word, input_ids) + Gather(position, position_ids or Range(0, S)) [+ Gather(segment, segment_ids)],
+    y = LayerNormalization(e, gamma, beta, epsilon), mask_index = ReduceSum(mask > 0, axis 1) as int32,
+    embedding_sum = e. The Gathers read the DequantizeLinear tables, so gather_int8_rows (run after this) dequantizes
+    only the gathered rows each run (onnxruntime's EmbedLayerNormalization takes float tables only: the int8 file
+    keeps the table in int8, as QEmbedLayerNormalization does per tensor). Nodes whose mask_index output is read but
+    that have no mask input are left alone. Returns how many nodes were rewritten."""
+    from onnx import numpy_helper
+
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, int] = defaultdict(int)
+    for n in graph.node:
+        for i in n.input:
+            readers[i] += 1
+    outputs = {o.name for o in graph.output}
+    taken = set(inits) | set(producer) | {i.name for i in graph.input} | {i for n in graph.node for i in n.input}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in taken:
+            name, k = f"{base}_{k}", k + 1
+        taken.add(name)
+        return name
+
+    def const(base: str, value: np.ndarray) -> str:
+        name = fresh(base)
+        graph.initializer.append(numpy_helper.from_array(value, name))
+        return name
+
+    def arg(node: onnx.NodeProto, i: int) -> str:
+        return node.input[i] if i < len(node.input) else ""
+
+    replaced: dict[int, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        if node.op_type != "EmbedLayerNormalization" or node.domain != "com.microsoft" or \
+                not _is_int8_rows(producer.get(arg(node, 2)), inits):
+            continue
+        out = list(node.output) + [""] * (3 - len(node.output))
+        mask = arg(node, 7)
+        if out[1] and (readers[out[1]] or out[1] in outputs) and not mask:
+            continue
+        ids, seg_ids, word, pos, seg = arg(node, 0), arg(node, 1), arg(node, 2), arg(node, 3), arg(node, 4)
+        gamma, beta, pos_ids = arg(node, 5), arg(node, 6), arg(node, 8)
+        eps = next((a.f for a in node.attribute if a.name == "epsilon"), 1e-12)
+        p = node.name or fresh("embed_layer_norm")
+        new: list[onnx.NodeProto] = []
+        w_rows = fresh(f"{p}/word")
+        new.append(helper.make_node("Gather", [word, ids], [w_rows], name=fresh(f"{p}/word_gather"), axis=0))
+        if not pos_ids:
+            shape, length, positions = fresh(f"{p}/shape"), fresh(f"{p}/length"), fresh(f"{p}/positions")
+            new += [helper.make_node("Shape", [ids], [shape], name=fresh(f"{p}/Shape"), start=1, end=2),
+                    helper.make_node("Squeeze", [shape], [length], name=fresh(f"{p}/Squeeze")),
+                    helper.make_node("Cast", [length], [fresh(f"{p}/length64")], name=fresh(f"{p}/CastLength"),
+                                     to=onnx.TensorProto.INT64)]
+            new.append(helper.make_node("Range", [const(f"{p}/zero", np.array(0, np.int64)), new[-1].output[0],
+                                                  const(f"{p}/one", np.array(1, np.int64))], [positions],
+                                        name=fresh(f"{p}/Range")))
+            pos_ids = positions
+        p_rows = fresh(f"{p}/position")
+        new.append(helper.make_node("Gather", [pos, pos_ids], [p_rows], name=fresh(f"{p}/position_gather"), axis=0))
+        total = fresh(f"{p}/word_position") if (seg and seg_ids) or not out[2] else out[2]
+        new.append(helper.make_node("Add", [w_rows, p_rows], [total], name=fresh(f"{p}/add_position")))
+        if seg and seg_ids:
+            s_rows = fresh(f"{p}/segment")
+            new.append(helper.make_node("Gather", [seg, seg_ids], [s_rows], name=fresh(f"{p}/segment_gather"),
+                                        axis=0))
+            summed = out[2] or fresh(f"{p}/embedding_sum")
+            new.append(helper.make_node("Add", [total, s_rows], [summed], name=fresh(f"{p}/add_segment")))
+            total = summed
+        new.append(helper.make_node("LayerNormalization", [total, gamma] + ([beta] if beta else []), [out[0]],
+                                    name=node.name or fresh(f"{p}/LayerNormalization"), axis=-1, epsilon=eps))
+        if out[1]:
+            positive, count = fresh(f"{p}/mask_positive"), fresh(f"{p}/mask_count")
+            zero = const(f"{p}/mask_zero", np.array(0, np.int32))
+            mask32 = fresh(f"{p}/mask32")
+            new += [helper.make_node("Cast", [mask], [mask32], name=fresh(f"{p}/CastMask"), to=onnx.TensorProto.INT32),
+                    helper.make_node("Greater", [mask32, zero], [positive], name=fresh(f"{p}/Greater")),
+                    helper.make_node("Cast", [positive], [count], name=fresh(f"{p}/CastCount"),
+                                     to=onnx.TensorProto.INT32),
+                    helper.make_node("ReduceSum", [count, const(f"{p}/axis1", np.array([1], np.int64))], [out[1]],
+                                     name=fresh(f"{p}/ReduceSum"), keepdims=0)]
+        replaced[id(node)] = new
+    if not replaced:
+        return 0
+    _splice(graph, replaced, readers)
+    return len(replaced)

@@ -118,23 +118,24 @@ def torch_to_onnx(model: nn.Module, args: tuple[Any, ...], *, opset: int = EXPOR
                   input_names: Sequence[str] | None = None, output_names: Sequence[str] | None = None,
                   dynamic_batch: bool = False, dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
                   custom_translation_table: Mapping[Any, Any] | None = None,
-                  what: str = "torch_to_onnx") -> onnx.ModelProto:
+                  what: str = "torch_to_onnx", kwargs: Mapping[str, Any] | None = None,
+                  dynamic_shapes: Any = None) -> onnx.ModelProto:
     """``model`` traced on ``args`` as a checked ONNX model at ai.onnx opset ``opset``: netquant's one
     torch -> ONNX path (float models for graph PTQ, quantized ones for export_onnx), see EXPORT_OPSET.
 
     Dynamic dims: ``dynamic_axes`` ({input name: {dim: name}}, names kept in the file) or
-    ``dynamic_batch`` (dim 0 of every tensor input).  ExportError (prefixed ``what``) when torch.onnx
+    ``dynamic_batch`` (dim 0 of every tensor input), or torch.export's ``dynamic_shapes`` as given (e.g. keyed by
+    the names of ``kwargs``, keyword inputs passed to the model's forward).  ExportError (prefixed ``what``) when torch.onnx
     fails, the model fails onnx.checker or the opset is not the one asked for.
     """
     _check_opset(opset, what)
-    dynamic_shapes = None
-    if dynamic_batch and dynamic_axes is None:
+    if dynamic_shapes is None and dynamic_batch and dynamic_axes is None:
         dynamic_shapes = tuple({0: torch.export.Dim.DYNAMIC} if isinstance(a, torch.Tensor) else None for a in args)
     try:
         with warnings.catch_warnings(), _quiet_exporter_logs():
             warnings.simplefilter("ignore")
             program = torch.onnx.export(
-                model, args, dynamo=True, opset_version=opset, verbose=False,
+                model, args, kwargs=dict(kwargs) if kwargs else None, dynamo=True, opset_version=opset, verbose=False,
                 input_names=list(input_names) if input_names else None,
                 output_names=list(output_names) if output_names else None,
                 dynamic_shapes=dynamic_shapes,

@@ -1,11 +1,14 @@
 """Embedding tables in int8, one scale per row.
 
 A Gather whose data is a float initializer [V, D] of at least EMBEDDING_MIN_ELEMENTS (a word or position embedding)
-gets a weight config on that input: int8 symmetric per row (axis 0), s_v = 2 max |table[v]| / 255 (choose_qparams), codes
+gets a weight config on that input: int8 symmetric per row (axis 0), s_v = 2 max |table[v]| / 255 (choose_qparams)
+rounded up to a float16 value (half_exact_scales: the file stores the scales in 2 bytes a row), codes
 q[v] = round(table[v] / s_v). The executor's fake quantization then sees the rows onnxruntime will return, and the
 QDQ export writes int8 codes + DequantizeLinear(axis 0) -> Gather, which export.ort_patterns turns into
 Gather(codes) -> Cast -> Mul(Gather(scales)) for onnxruntime (only the gathered rows are dequantized each run).
-The Gather's output stays float.
+The Gather's output stays float. The word / position / segment tables of onnxruntime.transformers.optimizer's
+com.microsoft EmbedLayerNormalization get the same config; export.ort_patterns.embed_layer_norm_rows turns that node
+into Gathers of int8 rows + LayerNormalization for onnxruntime.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import ClassVar
 
 import torch
 
-from netquant.core.qparams import choose_qparams
+from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.spec import QuantSpec
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
 from netquant.graph.op_config import OpQuantConfig, TensorRole
@@ -23,6 +26,19 @@ from netquant.passes.overrides import resolve_overrides
 
 EMBEDDING_MIN_ELEMENTS = 16_384  # smaller tables cost little as float, and their rows are read often
 EMBEDDING_SPEC = QuantSpec.int8_per_channel(axis=0)
+EMBED_LAYER_NORM_TABLES = (2, 3, 4)  # com.microsoft EmbedLayerNormalization: word, position, segment embeddings
+
+
+def half_exact_scales(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
+    """Per-row scales rounded up to values float16 holds exactly (so the file stores the [V] scales in 2 bytes a
+    row, export.ort_patterns.gather_int8_rows), where every row's scale is in float16's normal range; rows of
+    zeros (amax 0: every code 0) get scale 1. Rounding up keeps each row's amax within 127 codes: the step grows by
+    at most 2^-10 relative. Otherwise the scales are returned unchanged."""
+    s = torch.where(amax > 0, scale, torch.ones_like(scale))
+    up = (s.double() * (1.0 + 2.0 ** -10)).to(torch.float16)
+    if not bool(torch.isfinite(up).all()) or bool((up.float() < 2.0 ** -14).any()):
+        return scale
+    return up.float()
 
 
 class EmbeddingPass(PassBase):
@@ -41,18 +57,27 @@ class EmbeddingPass(PassBase):
         graph = qgraph.graph
         fp32 = [o for o in resolve_overrides(graph, s.force_fp32, ()) if o.fp32]
         for node in graph.nodes:
-            table = graph.initializers.get(node.inputs[0]) if node.op_type == "Gather" and node.inputs else None
-            if table is None or table.dtype != torch.float32 or table.dim() != 2 or \
-                    table.numel() < EMBEDDING_MIN_ELEMENTS or int(node.attrs.get("axis", 0)) != 0 or \
-                    any(o.select.matches(node) for o in fp32):
+            if any(o.select.matches(node) for o in fp32):
                 continue
-            amax = table.detach().abs().amax(dim=1)
-            params = choose_qparams(-amax, amax, EMBEDDING_SPEC, name=node.inputs[0])
-            cfg = TensorQuantConfig(EMBEDDING_SPEC, QuantState.ACTIVATED, observer="minmax", params=params,
-                                    name=node.inputs[0])
-            oc = qgraph.op_configs.get(node.name)
-            if oc is None:
-                oc = OpQuantConfig(node, [None] * len(node.inputs), [None] * len(node.outputs))
-                qgraph.op_configs[node.name] = oc
-            oc.inputs[0] = cfg
-            oc.roles[0] = TensorRole.WEIGHT
+            if node.op_type == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+                slots: tuple[int, ...] = (0,)
+            elif node.op_type == "EmbedLayerNormalization" and node.domain == "com.microsoft":
+                slots = EMBED_LAYER_NORM_TABLES
+            else:
+                continue
+            for i in slots:
+                table = graph.initializers.get(node.inputs[i]) if i < len(node.inputs) and node.inputs[i] else None
+                if table is None or table.dtype != torch.float32 or table.dim() != 2 or \
+                        table.numel() < EMBEDDING_MIN_ELEMENTS:
+                    continue
+                amax = table.detach().abs().amax(dim=1)
+                params = choose_qparams(-amax, amax, EMBEDDING_SPEC, name=node.inputs[i])
+                params = QParams(half_exact_scales(params.scale, amax), params.zero_point)
+                cfg = TensorQuantConfig(EMBEDDING_SPEC, QuantState.ACTIVATED, observer="minmax", params=params,
+                                        name=node.inputs[i])
+                oc = qgraph.op_configs.get(node.name)
+                if oc is None:
+                    oc = OpQuantConfig(node, [None] * len(node.inputs), [None] * len(node.outputs))
+                    qgraph.op_configs[node.name] = oc
+                oc.inputs[i] = cfg
+                oc.roles[i] = TensorRole.WEIGHT

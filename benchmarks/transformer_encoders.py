@@ -1,0 +1,342 @@
+"""Transformer encoders (issue 21): netquant's default vs onnxruntime's quantize_dynamic / quantize_static and NNCF,
+six encoders x three graph forms, batch 1 and batch 8 at sequence 128, one command.
+
+Encoders and forms: benchmarks/transformer_models.py (BERT-base, DistilBERT, MiniLM-like 6x384, ViT-B/16-like,
+Whisper-encoder-like with its conv front end, the fused-QKV style of zoo.bert_module; TorchScript export, dynamo
+export, and the TorchScript file after onnxruntime.transformers.optimizer). Random (seeded) weights: output cosine vs
+FP32 is the metric.
+
+Methods: FP32 (the source file), netquant default (quantize_onnx, objective balanced, onnxruntime_int8), ORT
+quantize_dynamic (per_channel, QInt8 weights, reduce_range True and False), ORT quantize_static (QDQ, per-channel,
+MinMax, QUInt8 activations, after quant_pre_process) and NNCF (nncf.quantize, model_type TRANSFORMER) where it imports.
+Calibration: --calib batch-1 samples. Cosine: over --eval batch-1 samples and one batch of 8. Latency: one
+onnxruntime thread, every method of a model interleaved round by round (medians), at batch 1 and batch 8; speed =
+FP32 latency / method latency. Quantization time: quantize (+ export with its validation for netquant) wall seconds.
+
+    python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
+        [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
+
+Writes benchmarks/results/transformers.md after every model (what did not run within --budget-min is listed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+sys.path.insert(0, str(Path(__file__).parent))
+import transformer_models as tm  # noqa: E402
+from netquant.analysis.timing import interleaved_ms  # noqa: E402
+from netquant.atomic import write_text_atomic  # noqa: E402
+from netquant.export.ort_kernels import ort_int8_kernels  # noqa: E402
+from netquant.platforms.targets import host_info  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results" / "transformers.md"
+MODELS_DIR = Path(tempfile.gettempdir()) / "netquant_transformer_models"
+Feeds = dict[str, np.ndarray]
+BATCHES = (1, 8)
+
+
+@dataclass
+class Case:
+    name: str
+    path: Path
+    calib: list[Feeds]
+    evals: dict[int, list[Feeds]]  # batch size -> evaluation batches
+
+
+@dataclass
+class Result:
+    method: str
+    path: Path | None = None
+    quant_s: float | None = None
+    note: str = ""
+    cosine: dict[int, float] = field(default_factory=dict)
+    ms: dict[int, float] = field(default_factory=dict)
+    speed: dict[int, float] = field(default_factory=dict)
+    kernels: str = ""
+
+
+def session(path: Path, threads: int = 1) -> ort.InferenceSession:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.log_severity_level = 3
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+
+
+def make_case(key: str, form: str, n_calib: int, n_eval: int) -> Case:
+    enc = tm.ENCODERS[key]
+    path = tm.export(enc, form, MODELS_DIR)
+    return Case(f"{enc.title}, {form}", path, [enc.inputs(1, i) for i in range(n_calib)],
+                {1: [enc.inputs(1, 1000 + i) for i in range(n_eval)], 8: [enc.inputs(8, 2000)]})
+
+
+# ---- methods: each writes `out` and returns a note -------------------------------------------------------------
+def netquant_default(case: Case, out: Path) -> str:
+    import netquant
+
+    qm = netquant.quantize_onnx(str(case.path), case.calib, quiet=True)
+    qm.export(out)
+    p = qm.placement
+    if p is None:
+        return ""
+    s = p.summary()
+    return (f"placement: {s['int8_regions']} int8 (static), {s['dynamic_regions']} dynamic, {s['float_regions']} "
+            "float regions")
+
+
+def ort_dynamic(reduce_range: bool) -> Callable[[Case, Path], str]:
+    def run(case: Case, out: Path) -> str:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        # DefaultTensorType: the workaround ORT's own error message gives for graphs with com.microsoft ops (the
+        # optimizer's fused form), whose outputs onnx shape inference leaves untyped
+        quantize_dynamic(str(case.path), str(out), per_channel=True, reduce_range=reduce_range,
+                         weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+        return ""
+
+    return run
+
+
+class _Reader:
+    def __init__(self, batches: list[Feeds]) -> None:
+        self.batches, self.i = batches, 0
+
+    def get_next(self) -> Feeds | None:
+        self.i += 1
+        return self.batches[self.i - 1] if self.i <= len(self.batches) else None
+
+    def rewind(self) -> None:
+        self.i = 0
+
+
+def ort_static(case: Case, out: Path) -> str:
+    from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = out.parent / f"{out.stem}.pre.onnx"
+    note = ""
+    cwd = os.getcwd()
+    os.chdir(out.parent)
+    try:
+        try:
+            quant_pre_process(str(case.path), str(pre))
+        except Exception:  # noqa: BLE001 - its symbolic shape inference asserts on some models (documented fallback)
+            quant_pre_process(str(case.path), str(pre), skip_symbolic_shape=True)
+            note = "quant_pre_process needed skip_symbolic_shape=True"
+        quantize_static(str(pre), str(out), _Reader(case.calib), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax)
+    finally:
+        os.chdir(cwd)
+    return note
+
+
+def nncf_transformer(case: Case, out: Path) -> str:
+    import nncf
+
+    model = onnx.load(str(case.path))
+    q = nncf.quantize(model, nncf.Dataset(case.calib), model_type=nncf.ModelType.TRANSFORMER,
+                      subset_size=len(case.calib))
+    onnx.save(q, str(out))
+    return ""
+
+
+def methods() -> list[tuple[str, Callable[[Case, Path], str]]]:
+    out: list[tuple[str, Callable[[Case, Path], str]]] = [
+        ("netquant default", netquant_default),
+        ("ORT quantize_dynamic per-channel, reduce_range", ort_dynamic(True)),
+        ("ORT quantize_dynamic per-channel", ort_dynamic(False)),
+        ("ORT quantize_static QDQ per-channel MinMax", ort_static),
+    ]
+    try:
+        import nncf  # noqa: F401
+    except ImportError:
+        return out
+    return [*out, ("NNCF model_type=TRANSFORMER", nncf_transformer)]
+
+
+# ---- measuring ------------------------------------------------------------------------------------------------------
+def cosine_vs(ref: list[np.ndarray], out: list[np.ndarray]) -> float:
+    a = np.concatenate([r.ravel() for r in ref]).astype(np.float64)
+    b = np.concatenate([r.ravel() for r in out]).astype(np.float64)
+    return float(a @ b / max(np.linalg.norm(a) * np.linalg.norm(b), 1e-300))
+
+
+def bench(case: Case, work: Path, per_round: int, rounds: int) -> list[Result]:
+    results = [Result("FP32", case.path, note="source file")]
+    for label, fn in methods():
+        out = work / f"{abs(hash((case.name, label)))}.onnx"
+        t = time.perf_counter()
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                note = fn(case, out)
+        except Exception as exc:  # noqa: BLE001 - a peer failing is a result to report, not a crash
+            traceback.print_exc()
+            results.append(Result(label, None, note=f"failed: {type(exc).__name__}: {str(exc)[:160]}"))
+            continue
+        results.append(Result(label, out, time.perf_counter() - t, note))
+    ok = [r for r in results if r.path is not None]
+    for r in ok:
+        counts = ort_int8_kernels(r.path)
+        r.kernels = ", ".join(f"{k} x{v}" for k, v in counts.items()) or "none"
+    sessions = []
+    for r in list(ok):
+        try:
+            sessions.append(session(r.path))  # type: ignore[arg-type]
+        except Exception as exc:  # noqa: BLE001 - a file onnxruntime rejects is a result
+            r.note = f"onnxruntime cannot load it: {str(exc)[:160]}"
+            ok.remove(r)
+    for batch, feeds in case.evals.items():
+        outs = [[s.run(None, b)[0] for b in feeds] for s in sessions]
+        for r, o in zip(ok, outs, strict=True):
+            r.cosine[batch] = cosine_vs(outs[0], o)
+        ms = interleaved_ms([functools.partial(s.run, None, feeds[0]) for s in sessions],
+                            per_round=per_round if batch == 1 else 1, rounds=rounds, warmup=1 if batch > 1 else 3)
+        for r, m in zip(ok, ms, strict=True):
+            r.ms[batch], r.speed[batch] = m, ms[0] / m
+        print(f"{case.name} batch {batch}: " + ", ".join(f"{r.method} {r.ms[batch]:.1f} ms" for r in ok),
+              flush=True)
+    return results
+
+
+def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seconds: float, skipped: list[str],
+           load: str) -> str:
+    lines = ["# Transformer encoders: netquant default vs onnxruntime quantize_dynamic / quantize_static and NNCF", "",
+             host_info(ort_threads=1).markdown(),
+             f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformer_encoders.py` ({seconds:.0f} s; "
+             f"load average {load}). Sequence {tm.SEQ} (ViT: {tm.VIT_IMAGE}x{tm.VIT_IMAGE} image, 122 tokens; "
+             f"Whisper-like: {tm.WHISPER_FRAMES} mel frames -> {tm.SEQ} positions). Calibration: {args.calib} batch-1 "
+             f"samples (token models: Zipf-like ids, padded rows); cosine vs the FP32 file in onnxruntime over "
+             f"{args.eval} other batch-1 samples and one batch of 8. Latency: one onnxruntime intra-op thread, every "
+             f"method of a model interleaved in {args.rounds} rounds ({args.repeats} runs per round at batch 1, one at "
+             "batch 8), medians; speed = FP32 / method. The machine (2 cores) is shared with other jobs: absolute "
+             "times are noisy, ratios within one model and batch are the comparable numbers. Weights are random "
+             "(seeded): cosine is the metric.", ""]
+    for case, results in rows:
+        bs = list(case.evals)
+        head = ["method"] + [f"cosine b{b}" for b in bs] + [f"ms b{b}" for b in bs] + \
+            [f"speed b{b}" for b in bs] + ["file MB", "quant s", "int8 kernels onnxruntime runs", "note"]
+        lines += [f"## {case.name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in results:
+            size = f"{r.path.stat().st_size / 1e6:.2f}" if r.path is not None and r.path.exists() else "-"
+            cells = [r.method] + [f"{r.cosine[b]:.5f}" if b in r.cosine else "-" for b in bs] + \
+                [f"{r.ms[b]:.1f}" if b in r.ms else "-" for b in bs] + \
+                [f"{r.speed[b]:.2f}x" if b in r.speed else "-" for b in bs] + \
+                [size, "-" if r.quant_s is None else f"{r.quant_s:.1f}", r.kernels or "-", r.note.replace("|", "/")]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines.append("")
+    if skipped:
+        lines += ["## Not run", "", *[f"- {s}" for s in skipped], ""]
+    return "\n".join(lines)
+
+
+def _sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
+    """A results file as its header lines and its ('## title', lines) sections, in order."""
+    header: list[str] = []
+    sections: list[tuple[str, list[str]]] = []
+    for line in text.splitlines():
+        if line.startswith("## "):
+            sections.append((line[3:], [line]))
+        elif sections:
+            sections[-1][1].append(line)
+        else:
+            header.append(line)
+    return header, sections
+
+
+def merge(parts: list[Path]) -> str:
+    """One results file from several runs of this script on disjoint --models (run side by side when one run does
+    not fit the time there is): the first file's header, every model section once (first seen wins), and the
+    'Not run' entries that no part ran."""
+    header: list[str] = []
+    kept: dict[str, list[str]] = {}
+    not_run: list[str] = []
+    for i, part in enumerate(parts):
+        head, sections = _sections(part.read_text())
+        # each run's own line (its seconds and load average) from the second part on
+        header = header + [x for x in head if x.startswith("onnxruntime ")] if i else head
+        for title, lines in sections:
+            if title == "Not run":
+                not_run += [x for x in lines if x.startswith("- ") and x not in not_run]
+            else:
+                kept.setdefault(title, lines)
+    lines = header + [f"Merged with --merge from {len(parts)} runs side by side (disjoint --models).", ""]
+    for body in kept.values():
+        lines += body + ([""] if body[-1] else [])
+    left = [x for x in not_run if x[2:].split(": ")[0] not in kept]
+    named = {x[2:].split(": ")[0] for x in left}
+    left += [f"- {t}: not finished in the time the runs had (stopped)" for t in
+             (f"{e.title}, {f}" for e in tm.ENCODERS.values() for f in tm.FORMS) if t not in kept and t not in named]
+    if left:
+        lines += ["## Not run", "", *left, ""]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default=",".join(tm.ENCODERS))
+    ap.add_argument("--forms", default=",".join(tm.FORMS))
+    ap.add_argument("--calib", type=int, default=16)
+    ap.add_argument("--eval", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
+    ap.add_argument("--quick", action="store_true", help="small sets, results not written")
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit")
+    args = ap.parse_args()
+    if args.merge:
+        write_text_atomic(args.out, merge(args.merge), "benchmark results")
+        return 0
+    if args.quick:
+        args.calib, args.eval, args.repeats, args.rounds = 4, 1, 1, 2
+    start = time.perf_counter()
+    rows: list[tuple[Case, list[Result]]] = []
+    skipped: list[str] = []
+    loads: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="netquant_transformers_") as tmp:
+        for key in args.models.split(","):
+            for form in args.forms.split(","):
+                label = f"{tm.ENCODERS[key].title}, {form}"
+                if time.perf_counter() - start > 60 * args.budget_min:
+                    skipped.append(f"{label}: not started within the {args.budget_min:.0f} min budget")
+                    continue
+                try:
+                    case = make_case(key, form, args.calib, args.eval)
+                except Exception as exc:  # noqa: BLE001 - an export failing is a result to report
+                    traceback.print_exc()
+                    skipped.append(f"{label}: export failed: {type(exc).__name__}: {str(exc)[:200]}")
+                    continue
+                loads.append(os.getloadavg()[0])
+                rows.append((case, bench(case, Path(tmp), args.repeats, args.rounds)))
+                loads.append(os.getloadavg()[0])
+                text = render(rows, args, time.perf_counter() - start, skipped,
+                              f"{min(loads):.1f}-{max(loads):.1f}")
+                if not args.quick:
+                    write_text_atomic(args.out, text, "benchmark results")
+        text = render(rows, args, time.perf_counter() - start, skipped,
+                      f"{min(loads, default=0):.1f}-{max(loads, default=0):.1f}")
+    if not args.quick:
+        write_text_atomic(args.out, text, "benchmark results")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
