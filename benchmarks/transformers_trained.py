@@ -260,11 +260,11 @@ def export_onnx(model, form: str) -> Path:
 # ---------------------------------------------------------------------------------------------------- measuring
 @functools.cache
 def _peers():
-    """benchmarks/transformers.py (its methods: netquant default, ORT dynamic / static, NNCF), loaded by path: its
-    module name would shadow Hugging Face's."""
+    """benchmarks/transformer_encoders.py (its methods: netquant default, ORT dynamic / static, NNCF), loaded by
+    path (benchmarks/ is not a package)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("bench_transformers", Path(__file__).parent / "transformers.py")
+    spec = importlib.util.spec_from_file_location("bench_transformers", Path(__file__).parent / "transformer_encoders.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules["bench_transformers"] = mod
     spec.loader.exec_module(mod)
@@ -531,7 +531,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     args.forms = args.forms.split(",")
-    # this folder holds benchmarks/transformers.py: keep it off the path so `import transformers` is Hugging Face's
+    # keep benchmarks/ off the path: `import transformers` must be Hugging Face's, whatever files sit here
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     if args.train_only:
         c = corpus()
@@ -555,7 +555,7 @@ def main() -> int:
                  "the end (2 cores shared with other jobs: absolute times are noisy, ratios within one table are the "
                  "comparable numbers). Latency: one onnxruntime intra-op thread, every file of a table interleaved "
                  f"in {args.rounds} rounds of {args.repeats} runs, medians; speed = FP32 / method. Methods as in "
-                 "benchmarks/transformers.py (netquant default = quantize_onnx, objective balanced, onnxruntime_int8; "
+                 "benchmarks/transformer_encoders.py (netquant default = quantize_onnx, objective balanced, onnxruntime_int8; "
                  "ORT quantize_dynamic per-channel QInt8 weights; ORT quantize_static QDQ per-channel MinMax QUInt8 "
                  "activations after quant_pre_process; NNCF nncf.quantize model_type=TRANSFORMER); quant s includes "
                  "netquant's export with its validation.", ""]
