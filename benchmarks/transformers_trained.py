@@ -139,7 +139,6 @@ def classifier():
     pooler of BertForSequenceClassification sat at chance for 120 steps trained from scratch on one core; mean pooling
     learns within the budget.)"""
     import torch
-
     from transformers import BertModel
 
     class MeanPoolClassifier(torch.nn.Module):
