@@ -108,6 +108,24 @@ def tiny_llm(folder: Path) -> dict[str, Any]:
     return _base()
 
 
+def tiny_bert(folder: Path) -> dict[str, Any]:
+    """A BertModel (2 x 384) and its WordPiece tokenizer saved in folder/bert, as from_pretrained reads them."""
+    import pytest
+
+    transformers = pytest.importorskip("transformers")  # the optional extra netquant[hf]
+    words = ["the", "quick", "brown", "fox", "jumps", "over", "lazy", "dog", "a", "model", "runs", "faster", "in", "int8", "than", "float", "on", "this", "cpu"]
+    bert = folder / "bert"
+    bert.mkdir()
+    (bert / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words]) + "\n")
+    tokenizer = transformers.BertTokenizerFast(vocab_file=str(bert / "vocab.txt"))
+    tokenizer.save_pretrained(str(bert))
+    torch.manual_seed(0)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=384, num_hidden_layers=2,
+                                     num_attention_heads=6, intermediate_size=1536, max_position_embeddings=128)
+    transformers.BertModel(config).save_pretrained(str(bert))
+    return _base()
+
+
 SETUPS: dict[str, Callable[[Path], dict[str, Any]]] = {"tiny_cnn": tiny_cnn, "torch_cnn": torch_cnn, "none": none,
-                                                       "tiny_llm": tiny_llm}
+                                                       "tiny_llm": tiny_llm, "tiny_bert": tiny_bert}
 DEFAULT_SETUP = "tiny_cnn"
