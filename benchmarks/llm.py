@@ -359,6 +359,13 @@ def _child_quantize(src: str, out: str, level: str) -> None:
     print(json.dumps({"seconds": time.perf_counter() - t0, "peak_rss": peak}))
 
 
+def _child_ort(src: str, out: str) -> None:
+    """onnxruntime's matmul_nbits_quantizer (RTN, block 128, symmetric) in its own process: seconds, peak RSS."""
+    seconds = ort_peer(Path(src), Path(out), 128, "rtn")
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    print(json.dumps({"seconds": seconds, "peak_rss": peak}))
+
+
 def part_size(workdir: Path, rows: list[str]) -> None:
     src = workdir / "big_fp32.onnx"
     if not src.is_file() or not src.with_name(src.name + ".data").is_file():
@@ -367,28 +374,34 @@ def part_size(workdir: Path, rows: list[str]) -> None:
         print(f"wrote {src} in {time.perf_counter() - t0:.0f} s", flush=True)
     out = workdir / "big_int4.onnx"
     fast = workdir / "big_int4_level4.onnx"
+    peer = workdir / "big_int4_ort.onnx"
     stats = {}
-    for path, level in ((out, 0), (fast, 4)):
-        child = subprocess.run([sys.executable, __file__, "--child-quantize", str(src), str(path), str(level)],
-                               check=True, capture_output=True, text=True)
+    for path, level in ((out, 0), (fast, 4), (peer, "ort")):  # netquant, then ORT, one process each (peak RSS)
+        flag = ["--child-ort", str(src), str(path)] if level == "ort" else \
+            ["--child-quantize", str(src), str(path), str(level)]
+        child = subprocess.run([sys.executable, __file__, *flag], check=True, capture_output=True, text=True)
         stats[level] = json.loads(child.stdout.strip().splitlines()[-1])
+        print(level, stats[level], flush=True)
     fp32_bytes = sum(int(np.prod(s)) for _, s in BIG.weight_shapes()) * 4
     rows += [f"Model: random-init Llama-style decoder, {BIG.parameters() / 1e9:.2f}B parameters ({BIG.layers} layers, "
              f"d {BIG.dim}, {BIG.heads} / {BIG.kv_heads} heads, SwiGLU {BIG.hidden}, vocab {BIG.vocab}), "
              "GroupQueryAttention with KV cache, external data. Random weights: size and speed only.", "",
              "| what | FP32 | netquant int4 RTN, block 128 (accuracy_level 0: float compute) | same, accuracy_level 4 "
-             "(int8 activations) |", "|---|---|---|---|",
-             f"| file (model + data) MB | {_mb(src)} | {_mb(out)} | {_mb(fast)} |",
-             f"| quantization time s | - | {stats[0]['seconds']:.1f} | {stats[4]['seconds']:.1f} |",
+             "(int8 activations) | ORT matmul_nbits_quantizer int4 RTN, block 128 (its default accuracy level) |",
+             "|---|---|---|---|---|",
+             f"| file (model + data) MB | {_mb(src)} | {_mb(out)} | {_mb(fast)} | {_mb(peer)} |",
+             "| quantization time s (netquant: quantize + validation in onnxruntime) | - | "
+             + " | ".join(f"{stats[lv]['seconds']:.1f}" for lv in (0, 4, "ort")) + " |",
              f"| quantization peak RSS GB (FP32 weights {fp32_bytes / 1e9:.2f} GB) | - | "
              + " | ".join(f"{stats[lv]['peak_rss'] / 1e9:.2f} ({stats[lv]['peak_rss'] / fp32_bytes:.2f}x the FP32 "
-                          "weight bytes)" for lv in (0, 4)) + " |"]
+                          "weight bytes)" for lv in (0, 4, "ort")) + " |"]
     for threads in (1, 2):
         fp = decode_tokens_per_s(src, BIG, threads)
         q4 = decode_tokens_per_s(out, BIG, threads)
         q4f = decode_tokens_per_s(fast, BIG, threads)
+        q4o = decode_tokens_per_s(peer, BIG, threads)
         rows.append(f"| decode tokens/s, batch 1, {threads} thread(s) | {fp:.2f} | {q4:.2f} ({q4 / fp:.2f}x) | "
-                    f"{q4f:.2f} ({q4f / fp:.2f}x) |")
+                    f"{q4f:.2f} ({q4f / fp:.2f}x) | {q4o:.2f} ({q4o / fp:.2f}x) |")
         print(rows[-1], flush=True)
     rows.append("")
 
@@ -397,9 +410,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--part", choices=["accuracy", "size", "both"], default="both")
     parser.add_argument("--child-quantize", nargs=3)
+    parser.add_argument("--child-ort", nargs=2)
     args = parser.parse_args()
     if args.child_quantize:
         _child_quantize(*args.child_quantize)
+        return
+    if args.child_ort:
+        _child_ort(*args.child_ort)
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from netquant.platforms.targets import host_info
