@@ -78,6 +78,16 @@ class BlockQuantized:
         w = (q - self.zero_points.unsqueeze(-1).to(torch.float32)) * self.scales.unsqueeze(-1)
         return w.reshape(n, kp)[:, : self.k].t().contiguous()
 
+    def mse(self, weight: torch.Tensor) -> float:
+        """mean((dequantize() - weight)^2) over the [K, N] `weight`, computed in the weight's layout (no transposed
+        float copy)."""
+        n, kp = self.codes.shape
+        b = self.spec.block_size
+        d = self.codes.t().reshape(kp // b, b, n).to(torch.float32)  # [n_blocks, block_size, N]: the weight's layout
+        d.sub_(self.zero_points.t().unsqueeze(1).to(torch.float32)).mul_(self.scales.t().unsqueeze(1))
+        d = d.reshape(kp, n)[: self.k].sub_(weight.detach().to(torch.float32))
+        return float(d.pow_(2).mean())
+
 
 def pad_rows(wt: torch.Tensor, block_size: int) -> torch.Tensor:
     """Rows [N, K] zero-padded along K to a multiple of block_size."""
@@ -88,8 +98,8 @@ def pad_rows(wt: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def block_range(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each block's (min, max) of `blocks` [..., block_size] in float32: computed once, shared by every clip ratio."""
-    blocks = blocks.to(torch.float32)
-    return blocks.amin(-1), blocks.amax(-1)
+    lo, hi = torch.aminmax(blocks.to(torch.float32), dim=-1)  # one pass over the blocks
+    return lo, hi
 
 
 def params_from_range(lo: torch.Tensor, hi: torch.Tensor, spec: BlockSpec, clip: torch.Tensor | float = 1.0
@@ -120,8 +130,9 @@ def block_params(blocks: torch.Tensor, spec: BlockSpec, clip: torch.Tensor | flo
 
 def quantize_blocks(blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
     """Codes q = clamp(round(w / s) + zp, 0, 2^bits - 1) of `blocks` [..., block_size] (round half to even)."""
-    q = torch.round(blocks / scale.unsqueeze(-1)) + zero.unsqueeze(-1).to(torch.float32)
-    return q.clamp(0, spec.levels)
+    q = torch.div(blocks, scale.unsqueeze(-1)).round_()  # in place from here: one temporary
+    q.add_(zero.unsqueeze(-1).to(torch.float32))
+    return q.clamp_(0, spec.levels)
 
 
 def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -136,11 +147,21 @@ def _finish(wt_blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k:
 
 
 def quantize_rtn(weight: torch.Tensor, spec: BlockSpec) -> BlockQuantized:
-    """Round to nearest with the block min / max (module docstring). `weight` is [K, N]."""
-    wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
-    blocks = wt.reshape(wt.shape[0], -1, spec.block_size)
-    scale, zero = block_params(blocks, spec)
-    return _finish(blocks, scale, zero, weight.shape[0], spec)
+    """Round to nearest with the block min / max (module docstring). `weight` is [K, N].
+
+    Computed in the weight's own [K, N] layout, blocks as [n_blocks, block_size, N] (reads along memory, not across
+    it); the codes are transposed to [N, K] as uint8 at the end. Same numbers as the row layout, element by element."""
+    k, n = weight.shape
+    w = weight.detach().to(torch.float32)
+    pad = (-k) % spec.block_size
+    if pad:
+        w = torch.nn.functional.pad(w, (0, 0, 0, pad))
+    cols = w.reshape(-1, spec.block_size, n)  # [n_blocks, block_size, N]
+    lo, hi = cols.amin(1), cols.amax(1)  # (10x faster than aminmax over a middle dim)
+    scale, zero = params_from_range(lo, hi, spec)  # [n_blocks, N]
+    q = torch.div(cols, scale.unsqueeze(1)).round_().add_(zero.unsqueeze(1).to(torch.float32)).clamp_(0, spec.levels)
+    codes = q.to(torch.uint8).reshape(-1, n).t().contiguous()
+    return BlockQuantized(codes, scale.t().contiguous(), zero.t().contiguous().to(torch.int32), k, spec)
 
 
 def quantize_clip_search(weight: torch.Tensor, spec: BlockSpec, grid: int = 20, min_ratio: float = 0.5,
