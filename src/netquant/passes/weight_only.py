@@ -133,9 +133,11 @@ def _excluded(target: WeightMatMul, patterns: list[NamePattern]) -> bool:
 
 class OrtModelSession:
     """onnxruntime on a model proto (without its weights) whose external data lives in `base_dir`; `outputs` adds
-    intermediate tensors as outputs."""
+    intermediate tensors as outputs. `prepack=False` skips onnxruntime's weight prepacking (a pass over every MatMul
+    weight at session creation, 15x the rest of it on an LLM: worth it only for many runs; same outputs)."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: Path, outputs: Sequence[str] = ()) -> None:
+    def __init__(self, model: onnx.ModelProto, base_dir: Path, outputs: Sequence[str] = (), prepack: bool = True
+                 ) -> None:
         import onnxruntime as ort
 
         probe = onnx.ModelProto()
@@ -148,6 +150,8 @@ class OrtModelSession:
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         apply_to_session_options(opts)  # the thread_scope's threads, if any
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
+        if not prepack:
+            opts.add_session_config_entry("session.disable_prepacking", "1")
         self.session = ort.InferenceSession(probe.SerializeToString(), opts, providers=["CPUExecutionProvider"])
 
     def run(self, names: Sequence[str], feeds: Feeds) -> list[np.ndarray]:
@@ -311,7 +315,9 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
     if config.algorithm.needs_data or config.max_loss is not None:
         stats = collect_input_statistics(model, source.parent, targets, feeds,
                                          config.algorithm is WeightAlgorithm.GPTQ, progress)
-    session = OrtModelSession(model, source.parent)
+    # a few runs: prepacking costs more than it saves (outputs equal to ~1e-7 relative; the mixed int4 / int8 search
+    # compares candidates against this reference, so it keeps onnxruntime's default)
+    session = OrtModelSession(model, source.parent, prepack=config.max_loss is not None)
     try:
         reference = [session.run(output_names, f) for f in feeds[:4]]
     finally:
