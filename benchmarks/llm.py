@@ -12,6 +12,7 @@ onnxruntime (1 and 2 threads) for FP32 and int4.
 
     python benchmarks/llm.py                  # both parts
     python benchmarks/llm.py --part accuracy  # or size
+    python benchmarks/llm.py --only-time      # only the quantization-time table (netquant vs ORT), printed
 """
 
 from __future__ import annotations
@@ -326,6 +327,24 @@ def _time_rows(src: Path, workdir: Path, rows: list[str], reps: int = 3) -> None
     rows.append("")
 
 
+def only_time(workdir: Path) -> None:
+    """The quantization-time table alone (the trained decoder from the cache, or trained first), printed."""
+    from netquant.platforms.targets import host_info
+    from netquant.platforms.threads import thread_scope
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    model, _ = train(workdir)
+    src = workdir / "small_fp32.onnx"
+    weights = model.onnx_weights()
+    write_decoder_onnx(src, SMALL, lambda name, shape: weights[name])
+    rows = [f"Run {time.strftime('%Y-%m-%d %H:%M')}, load average {os.getloadavg()[0]:.1f} at the start.", ""]
+    with thread_scope("auto") as threads:
+        rows[0] += f" {threads} torch / onnxruntime thread(s) for both."
+        _time_rows(src, workdir, rows)
+    rows.append(f"Load average at the end: {os.getloadavg()[0]:.1f}.")
+    print("\n".join([host_info(ort_threads=2).markdown(), *rows]))
+
+
 def _mb(path: Path) -> str:
     data = path.with_name(path.name + ".data")
     size = path.stat().st_size + (data.stat().st_size if data.is_file() else 0)
@@ -411,12 +430,17 @@ def main() -> None:
     parser.add_argument("--part", choices=["accuracy", "size", "both"], default="both")
     parser.add_argument("--child-quantize", nargs=3)
     parser.add_argument("--child-ort", nargs=2)
+    parser.add_argument("--only-time", action="store_true",
+                        help="only the quantization-time table of the trained decoder (printed; results file unchanged)")
     args = parser.parse_args()
     if args.child_quantize:
         _child_quantize(*args.child_quantize)
         return
     if args.child_ort:
         _child_ort(*args.child_ort)
+        return
+    if args.only_time:
+        only_time(cache_dir() / "llm")
         return
     sys.path.insert(0, str(Path(__file__).parent))
     from netquant.platforms.targets import host_info

@@ -103,3 +103,18 @@ def test_hqq_and_clip_search_lower_weight_error() -> None:
     clip = float(((quantize_clip_search(w, spec).dequantize() - w) ** 2).mean())
     hqq = float(((quantize_hqq(w, spec).dequantize() - w) ** 2).mean())
     assert clip < rtn and hqq <= clip
+
+
+def test_layout_and_mse_match_the_row_definition() -> None:
+    """quantize_rtn / quantize_hqq give the same codes for a [K, N] weight stored either way (a Gemm transB view), and
+    mse() is mean((dequantize() - w)^2); padded K (40 in blocks of 32) included."""
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(40, 24, generator=g)
+    for quantize in (quantize_rtn, quantize_hqq):
+        for spec in (BlockSpec(4, 32, True), BlockSpec(4, 16, False), BlockSpec(8, 32, True)):
+            a = quantize(w, spec)
+            b = quantize(w.t().contiguous().t(), spec)
+            assert torch.equal(a.codes, b.codes) and torch.equal(a.scales, b.scales)
+            blocks = -(-40 // spec.block_size)
+            assert a.codes.shape == (24, blocks * spec.block_size) and a.scales.shape == (24, blocks)
+            assert a.mse(w) == pytest.approx(float(((a.dequantize() - w) ** 2).mean()), rel=1e-5)

@@ -78,6 +78,16 @@ class BlockQuantized:
         w = (q - self.zero_points.unsqueeze(-1).to(torch.float32)) * self.scales.unsqueeze(-1)
         return w.reshape(n, kp)[:, : self.k].t().contiguous()
 
+    def mse(self, weight: torch.Tensor) -> float:
+        """mean((dequantize() - weight)^2) over the [K, N] `weight` (dequantized in the codes' layout, no transposed
+        copy)."""
+        n, kp = self.codes.shape
+        b = self.spec.block_size
+        d = self.codes.reshape(n, kp // b, b).to(torch.float32)
+        d.sub_(self.zero_points.unsqueeze(-1).to(torch.float32)).mul_(self.scales.unsqueeze(-1))
+        d = d.reshape(n, kp)[:, : self.k].t().sub(weight.detach().to(torch.float32))
+        return float(d.pow_(2).mean())
+
 
 def pad_rows(wt: torch.Tensor, block_size: int) -> torch.Tensor:
     """Rows [N, K] zero-padded along K to a multiple of block_size."""
@@ -88,8 +98,8 @@ def pad_rows(wt: torch.Tensor, block_size: int) -> torch.Tensor:
 
 def block_range(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each block's (min, max) of `blocks` [..., block_size] in float32: computed once, shared by every clip ratio."""
-    blocks = blocks.to(torch.float32)
-    return blocks.amin(-1), blocks.amax(-1)
+    lo, hi = torch.aminmax(blocks.to(torch.float32), dim=-1)  # one pass over the blocks
+    return lo, hi
 
 
 def params_from_range(lo: torch.Tensor, hi: torch.Tensor, spec: BlockSpec, clip: torch.Tensor | float = 1.0
@@ -120,8 +130,9 @@ def block_params(blocks: torch.Tensor, spec: BlockSpec, clip: torch.Tensor | flo
 
 def quantize_blocks(blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
     """Codes q = clamp(round(w / s) + zp, 0, 2^bits - 1) of `blocks` [..., block_size] (round half to even)."""
-    q = torch.round(blocks / scale.unsqueeze(-1)) + zero.unsqueeze(-1).to(torch.float32)
-    return q.clamp(0, spec.levels)
+    q = torch.div(blocks, scale.unsqueeze(-1)).round_()  # in place from here: one temporary
+    q.add_(zero.unsqueeze(-1).to(torch.float32))
+    return q.clamp_(0, spec.levels)
 
 
 def dequantize_blocks(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
@@ -135,18 +146,64 @@ def _finish(wt_blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k:
     return BlockQuantized(codes.reshape(n, -1).to(torch.uint8), scale.to(torch.float32), zero.to(torch.int32), k, spec)
 
 
+def _columns(weight: torch.Tensor, block_size: int) -> torch.Tensor:
+    """`weight` [K, N] in float32, K zero-padded to whole blocks, viewed as [n_blocks, block_size, N]: the blocks in the
+    weight's own layout (reductions run along memory; the row layout [N, n_blocks, block_size] of a [K, N] tensor reads
+    across it and is many times slower)."""
+    k, n = weight.shape
+    w = weight.detach().to(torch.float32)
+    pad = (-k) % block_size
+    if pad:
+        w = torch.nn.functional.pad(w, (0, 0, 0, pad))
+    return w.reshape(-1, block_size, n)
+
+
+def _quantize_columns(cols: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
+    """`quantize_blocks` of [n_blocks, block_size, N] columns with scale / zero [n_blocks, N] (float codes)."""
+    q = torch.div(cols, scale.unsqueeze(1)).round_()
+    return q.add_(zero.unsqueeze(1).to(torch.float32)).clamp_(0, spec.levels)
+
+
+def _dequantize_columns(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    return (q - zero.unsqueeze(1).to(torch.float32)).mul_(scale.unsqueeze(1))
+
+
+def _from_columns(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k: int, spec: BlockSpec) -> BlockQuantized:
+    """BlockQuantized (codes [N, Kp] uint8, scales / zero points [N, n_blocks]) from column-layout codes."""
+    n = q.shape[2]
+    codes = q.reshape(-1, n).t().to(torch.uint8, memory_format=torch.contiguous_format)  # (2x .contiguous() after)
+    return BlockQuantized(codes, scale.t().contiguous().to(torch.float32),
+                          zero.t().contiguous().to(torch.int32), k, spec)
+
+
 def quantize_rtn(weight: torch.Tensor, spec: BlockSpec) -> BlockQuantized:
-    """Round to nearest with the block min / max (module docstring). `weight` is [K, N]."""
-    wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
-    blocks = wt.reshape(wt.shape[0], -1, spec.block_size)
-    scale, zero = block_params(blocks, spec)
-    return _finish(blocks, scale, zero, weight.shape[0], spec)
+    """Round to nearest with the block min / max (module docstring). `weight` is [K, N] (computed in its layout)."""
+    cols = _columns(weight, spec.block_size)
+    scale, zero = params_from_range(cols.amin(1), cols.amax(1), spec)  # (amin + amax: 10x aminmax on a middle dim)
+    return _from_columns(_quantize_columns(cols, scale, zero, spec), scale, zero, weight.shape[0], spec)
+
+
+def _clip_search_columns(cols: torch.Tensor, spec: BlockSpec, grid: int, min_ratio: float,
+                         imp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scale / zero [n_blocks, N] of `quantize_clip_search` on [n_blocks, block_size, N] columns."""
+    lo, hi = cols.amin(1), cols.amax(1)
+    best_scale, best_zero = params_from_range(lo, hi, spec)
+    best_err = _column_error(cols, best_scale, best_zero, spec, imp)
+    for ratio in torch.linspace(1.0, min_ratio, grid).tolist()[1:]:
+        scale, zero = params_from_range(lo, hi, spec, ratio)
+        err = _column_error(cols, scale, zero, spec, imp)
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+    return best_scale, best_zero
 
 
 def quantize_clip_search(weight: torch.Tensor, spec: BlockSpec, grid: int = 20, min_ratio: float = 0.5,
                          importance: torch.Tensor | None = None) -> BlockQuantized:
     """RTN with each block's range shrunk by the clip ratio c in linspace(1, min_ratio, grid) that minimizes the block's
-    squared error sum_k imp_k (w_k - w^_k)^2; `importance` [K] weights the input channels (e.g. mean x_k^2), 1 if None."""
+    squared error sum_k imp_k (w_k - w^_k)^2; `importance` [K] weights the input channels (e.g. mean x_k^2), 1 if None.
+    (Row layout: GPTQ calls it on small column groups; HQQ uses `_clip_search_columns`.)"""
     wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
     n = wt.shape[0]
     blocks = wt.reshape(n, -1, spec.block_size)
@@ -173,6 +230,14 @@ def _block_error(blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
     return (d if imp is None else d * imp).sum(-1)
 
 
+def _column_error(cols: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec,
+                  imp: torch.Tensor | None) -> torch.Tensor:
+    """sum_k imp_k (w_k - w^_k)^2 per block [n_blocks, N] (imp = 1 when None)."""
+    d = _dequantize_columns(_quantize_columns(cols, scale, zero, spec), scale, zero).sub_(cols)
+    d.mul_(d)
+    return (d if imp is None else d.mul_(imp)).sum(1)
+
+
 def quantize_hqq(weight: torch.Tensor, spec: BlockSpec, iters: int = 20, p: float = 0.7, beta: float = 10.0,
                  kappa: float = 1.01) -> BlockQuantized:
     """HQQ-style half-quadratic refinement (Badri & Shaji 2023), started from the best clip-searched RTN.
@@ -184,32 +249,29 @@ def quantize_hqq(weight: torch.Tensor, spec: BlockSpec, iters: int = 20, p: floa
         q  = clamp(round((w - e) / s) + z)
     beta grows by kappa each step; the iterate with the lowest plain squared error ||w - w^||^2 per block is kept, and
     the loop stops early once the total error falls by less than 0.1 % a step. The start is the clip search over
-    8 ratios in [0.72, 1].
+    8 ratios in [0.72, 1]. Every block of the layer is updated at once, in the weight's [K, N] layout.
     """
-    start = quantize_clip_search(weight, spec, grid=8, min_ratio=0.72)
-    wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
-    n = wt.shape[0]
-    w = wt.reshape(n, -1, spec.block_size)
-    scale, zero = start.scales.clone(), start.zero_points.clone()
+    w = _columns(weight, spec.block_size)  # [n_blocks, block_size, N]
+    scale, zero = _clip_search_columns(w, spec, 8, 0.72, None)
     zero_f = zero.to(torch.float32)
-    q = quantize_blocks(w, scale, zero, spec)
-    best_err = ((dequantize_blocks(q, scale, zero) - w) ** 2).sum(-1)
+    q = _quantize_columns(w, scale, zero, spec)
+    best_err = (_dequantize_columns(q, scale, zero) - w).pow_(2).sum(1)
     best_scale, best_zero = scale.clone(), zero.clone()
     last_total = float(best_err.sum())
     for _ in range(iters):
-        r = w - (q - zero_f.unsqueeze(-1)) * scale.unsqueeze(-1)
+        r = w - (q - zero_f.unsqueeze(1)) * scale.unsqueeze(1)
         mag = r.abs()
         e = torch.sign(r) * torch.relu(mag - (1.0 / beta) * mag.clamp_min(1e-12).pow(p - 1))
         target = w - e
         if not spec.symmetric:
-            zero_f = (q - target / scale.unsqueeze(-1)).mean(-1).round().clamp(0, spec.levels)
-        centered = q - zero_f.unsqueeze(-1)
-        denom = (centered * centered).sum(-1)
-        new_scale = (target * centered).sum(-1) / denom.clamp_min(1e-30)
+            zero_f = (q - target / scale.unsqueeze(1)).mean(1).round().clamp(0, spec.levels)
+        centered = q - zero_f.unsqueeze(1)
+        denom = (centered * centered).sum(1)
+        new_scale = (target * centered).sum(1) / denom.clamp_min(1e-30)
         scale = torch.where((denom > 0) & (new_scale > 0), new_scale, scale)
         zero = zero_f.to(torch.int32)
-        q = quantize_blocks(target, scale, zero, spec)
-        err = ((dequantize_blocks(q, scale, zero) - w) ** 2).sum(-1)
+        q = _quantize_columns(target, scale, zero, spec)
+        err = (_dequantize_columns(q, scale, zero) - w).pow_(2).sum(1)
         better = err < best_err
         best_err = torch.where(better, err, best_err)
         best_scale = torch.where(better, scale, best_scale)
@@ -219,7 +281,8 @@ def quantize_hqq(weight: torch.Tensor, spec: BlockSpec, iters: int = 20, p: floa
         if total >= last_total * (1 - 1e-3):  # less than 0.1 % better: done
             break
         last_total = total
-    return _finish(w, best_scale, best_zero, weight.shape[0], spec)
+    return _from_columns(_quantize_columns(w, best_scale, best_zero, spec), best_scale, best_zero, weight.shape[0],
+                         spec)
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

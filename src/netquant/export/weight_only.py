@@ -42,7 +42,7 @@ def _matmulnbits_tensors(prefix: str, bq: BlockQuantized) -> tuple[list[onnx.Ten
     n, kp = bq.codes.shape
     n_blocks = kp // spec.block_size
     blob = spec.block_size * spec.bits // 8
-    packed = pack_codes(bq.codes, spec.bits).reshape(n, n_blocks, blob).numpy().astype(np.uint8)
+    packed = pack_codes(bq.codes, spec.bits).reshape(n, n_blocks, blob).numpy()
     tensors = [numpy_helper.from_array(packed, f"{prefix}_Q{spec.bits}"),
                numpy_helper.from_array(bq.scales.reshape(-1).numpy().astype(np.float32), f"{prefix}_scales")]
     names = [t.name for t in tensors]

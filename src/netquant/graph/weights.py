@@ -95,11 +95,15 @@ def find_embedding_gathers(model: onnx.ModelProto) -> list[EmbeddingGather]:
     return found
 
 
+_SHARED_MAP_BYTES = 256 << 20  # data files up to this size are mapped once and kept mapped while the reader lives
+
+
 class ExternalDataReader:
     """Reads initializers of a model loaded with `load_external_data=False`, one at a time (memory-mapped)."""
 
     def __init__(self, base_dir: Path) -> None:
         self.base_dir = base_dir
+        self._maps: dict[Path, np.memmap] = {}  # one read-only map per data file, shared by its tensors
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
         if tensor.data_location != TensorProto.EXTERNAL:
@@ -115,8 +119,17 @@ class ExternalDataReader:
         if length is not None and int(length) < count * np.dtype(dtype).itemsize:
             raise ModelError(f"initializer '{tensor.name}': external data in '{path}' holds {length} bytes, the tensor "
                              f"needs {count * np.dtype(dtype).itemsize}; the data file is truncated")
-        data = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
-        return np.asarray(data).reshape(tuple(tensor.dims))
+        whole = self._maps.get(path)
+        if whole is None and 0 < path.stat().st_size <= _SHARED_MAP_BYTES:
+            whole = self._maps[path] = np.memmap(path, dtype=np.uint8, mode="r")
+        if whole is None:  # a large file: a map per tensor, released with it (mapped pages count in the RSS)
+            data = np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(count,))
+            return np.asarray(data).reshape(tuple(tensor.dims))
+        nbytes = count * np.dtype(dtype).itemsize
+        if offset + nbytes > whole.size:
+            raise ModelError(f"initializer '{tensor.name}': external data in '{path}' holds {whole.size} bytes, the "
+                             f"tensor needs bytes {offset}..{offset + nbytes}; the data file is truncated")
+        return np.asarray(whole[offset:offset + nbytes]).view(dtype).reshape(tuple(tensor.dims))
 
     def raw_bytes(self, tensor: onnx.TensorProto) -> Iterator[bytes]:
         """The tensor's little-endian bytes in chunks (without materializing big external tensors)."""
