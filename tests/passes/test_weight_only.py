@@ -188,3 +188,22 @@ def test_embedding_tables_quantized_per_row_blocks(tmp_path: Path, fmt: WeightOn
     probe.graph.output.append(helper.make_empty_tensor_value_info(gather_out))
     got = ort.InferenceSession(probe.SerializeToString()).run([gather_out], {"input_ids": ids})[0]
     np.testing.assert_allclose(got, rows, rtol=1e-5, atol=1e-6)
+
+
+def test_blocked_dq_file_of_a_decoder_with_onnxruntime_contrib_norms(tmp_path: Path) -> None:
+    """The opset-21 upgrade for blocked DQ passes onnxruntime's SimplifiedLayerNormalization (an ONNX-domain op onnx
+    has no schema for) through untouched: the file runs in onnxruntime and matches FP32."""
+    from netquant.api.zoo_decoder import DecoderConfig, decode_feeds, random_weights, write_decoder_onnx
+
+    config = DecoderConfig(vocab=64, dim=64, layers=2, heads=4, kv_heads=2, hidden=128, max_positions=64)
+    src = write_decoder_onnx(tmp_path / "dec.onnx", config, random_weights(config, seed=0))
+    out = tmp_path / "dec_dq.onnx"
+    quantize_weights_onnx(src, out, WeightOnlyConfig(4, 32, True, fmt=WeightOnlyFormat.BLOCKED_DQ))
+    model = onnx.load(str(out), load_external_data=False)
+    assert max(o.version for o in model.opset_import if o.domain in ("", "ai.onnx")) >= 21
+    assert "SimplifiedLayerNormalization" in {n.op_type for n in model.graph.node if n.domain == ""}
+    feeds = decode_feeds(config, np.random.default_rng(3).integers(0, 64, (1, 12)))
+    ref = ort.InferenceSession(str(src)).run(None, feeds)[0]
+    got = ort.InferenceSession(str(out)).run(None, feeds)[0]
+    cos = float((ref * got).sum() / np.sqrt((ref * ref).sum() * (got * got).sum()))
+    assert cos > 0.99

@@ -73,16 +73,19 @@ def upgrade_light(light: onnx.ModelProto, big: list[onnx.TensorProto], target: i
     added = [t.name for t in big if t.name not in listed]  # the placeholders to drop again
     light.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
                              for t in big if t.name not in listed)
+    parked = _park_unknown_ops(light)
     try:
         converted = version_converter.convert_version(light, target)
     except Exception as exc:
         raise ExportError(f"cannot upgrade model '{light.graph.name}' from opset {current} to {target} "
                           f"(needed for QuantizeLinear/DequantizeLinear with per-axis scales): {exc}") from exc
     finally:
+        _unpark(light, parked)
         if added:
             inputs = [v for v in light.graph.input if v.name not in set(added)]
             del light.graph.input[:]
             light.graph.input.extend(inputs)
+    _unpark(converted, parked)
     if added:
         inputs = [v for v in converted.graph.input if v.name not in set(added)]
         del converted.graph.input[:]
@@ -90,6 +93,35 @@ def upgrade_light(light: onnx.ModelProto, big: list[onnx.TensorProto], target: i
     # the converter drops graph-level names of unnamed nodes; keep the metadata the original had
     converted.ir_version = max(converted.ir_version, light.ir_version)
     return converted
+
+
+_PARKED = "netquant.parked"  # a domain the converter passes through untouched
+
+
+def _park_unknown_ops(model: onnx.ModelProto) -> bool:
+    """Move default-domain nodes that onnx has no schema for (onnxruntime's contrib ops registered in the ONNX domain,
+    such as SimplifiedLayerNormalization) into a placeholder domain, so onnx's converter, which asserts on unknown
+    ops, adapts the rest; `_unpark` puts them back. Their semantics do not depend on the ai.onnx opset. Returns
+    whether any node moved (top-level graph only)."""
+    moved = False
+    for node in model.graph.node:
+        if node.domain in ("", "ai.onnx") and not onnx.defs.has(node.op_type):
+            node.domain = _PARKED
+            moved = True
+    if moved:
+        model.opset_import.append(onnx.helper.make_opsetid(_PARKED, 1))
+    return moved
+
+
+def _unpark(model: onnx.ModelProto, parked: bool) -> None:
+    if not parked:
+        return
+    for node in model.graph.node:
+        if node.domain == _PARKED:
+            node.domain = ""
+    kept = [o for o in model.opset_import if o.domain != _PARKED]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
 
 
 def tensor_bytes(t: onnx.TensorProto) -> int:
