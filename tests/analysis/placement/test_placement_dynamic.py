@@ -93,7 +93,8 @@ def test_profile_sums_that_decide_pick_the_smallest_sum_as_accurate_without_timi
                ("all", m["dynamic_candidates"], m["all_dynamic_profile_ms"], m["loss_ort_all_dynamic"])]
     if "per_region_dynamic_profile_ms" in m:  # the per-region choice is neither all static nor all dynamic
         options.append(("per region", None, m["per_region_dynamic_profile_ms"], m["loss_ort_per_region_dynamic"]))
-    fine = [o for o in options if o[3] <= m["loss_ort_static"] or o[3] <= qm.placement.max_loss]
+    limit = qm.placement.max_loss  # None for LATENCY
+    fine = [o for o in options if o[3] <= m["loss_ort_static"] or (limit is not None and o[3] <= limit)]
     best = min(fine, key=lambda o: o[2])
     assert m["dynamic_regions"] == len(qm.qgraph.dynamic_ops)
     assert m["dynamic_regions"] == best[1] if best[1] is not None else 0 < m["dynamic_regions"] < m["dynamic_candidates"]
