@@ -81,3 +81,29 @@ def test_the_placement_file_reapplies_the_attention_rewrite(bert: Path, tmp_path
     path.write_text(json.dumps(data))
     with pytest.raises(ConfigError, match="measured.attention.rewrite is malformed"):
         quantize_onnx(str(bert), calib, quiet=True, placement_from=str(path))
+
+
+def test_setup_estimate_is_three_fp32_passes_over_the_loss_rows() -> None:
+    import numpy as np
+
+    from netquant.analysis.attention import SETUP_PASSES, setup_estimate_s
+
+    batches = [{"ids": np.zeros((16, 32), np.int64)}, {"ids": np.zeros((16, 32), np.int64)}]
+    assert SETUP_PASSES == 3 and setup_estimate_s(batches, 10.0) == pytest.approx(0.96)  # 3 x 32 rows x 10 ms
+
+
+def test_no_attention_setup_where_no_try_could_start_by_the_deadline(bert: Path) -> None:
+    import time
+
+    from netquant.analysis.attention import place_attention
+    from netquant.analysis.placement.inputs import batch1
+
+    qm = quantize_onnx(str(bert), small_bert_batches(4), quiet=True)
+    qg = qm.qgraph
+    feeds = batch1(qg.validation_batches[0], qg)
+    before = qg.attention_rewrite
+    start = time.perf_counter()  # a 10 s batch-1 model cannot set up within 1 s: nothing run, nothing changed
+    assert place_attention(qg, feeds, None, 30.0, deadline=start + 1.0, fp32_ms=10_000.0) is None
+    assert time.perf_counter() - start < 0.5 and qg.attention_rewrite is before
+    got = place_attention(qg, feeds, None, 30.0, deadline=time.perf_counter() + 60.0, fp32_ms=0.01)
+    assert got is not None and got.tries  # time enough: measured as before

@@ -255,3 +255,34 @@ def test_placement_timing_is_kept_only_for_an_all_int8_placement() -> None:
     p.regions.append(RegionDecision("fc", "Gemm", ["fc"], "float", "slower"))
     assert placement_timing(p, qm.qgraph) is None
     assert placement_timing(Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "x"), qm.qgraph) is None
+
+
+def test_placement_session_of_the_source_is_the_fp32_reference_and_changes_no_byte(tmp_path):
+    """Placement's onnxruntime session of the source model (one thread) is export's FP32 reference where export runs
+    with one thread too; a reference built afresh gives the same file and the same comparison."""
+    from netquant.export import fidelity
+    from netquant.platforms.threads import thread_scope
+    from tests.helpers.transformer_models import small_bert, small_bert_batches
+
+    qm = netquant.quantize_onnx(str(small_bert(tmp_path / "bert.onnx")), small_bert_batches(4), objective="balanced",
+                                quiet=True)
+    held = qm.qgraph.fp32_session
+    assert held is not None and held.model is qm.qgraph.fp32_source and held.threads == 1
+    fidelity._REFERENCES.pop(qm.qgraph, None)  # a reference the quantization may have memoised already
+    with thread_scope(1):
+        assert fidelity.fp32_reference(qm.qgraph)[0] is held.session
+    fidelity._REFERENCES.pop(qm.qgraph, None)
+    with thread_scope(2):  # other threads: a session of its own
+        assert fidelity.fp32_reference(qm.qgraph)[0] is not held.session
+    fidelity._REFERENCES.pop(qm.qgraph, None)
+    qm.threads = 1
+    reused = qm.export(tmp_path / "a.onnx").vs_fp32
+    assert fidelity._REFERENCES[qm.qgraph].session is held.session
+    fidelity._REFERENCES.pop(qm.qgraph, None)
+    qm.qgraph.fp32_session = None
+    fresh = qm.export(tmp_path / "b.onnx").vs_fp32
+    assert fidelity._REFERENCES[qm.qgraph].session is not held.session
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    assert reused.reference == fresh.reference == "the source FP32 model in onnxruntime"
+    assert [(o.name, o.cosine, o.max_abs_err) for o in reused.outputs] == \
+        [(o.name, o.cosine, o.max_abs_err) for o in fresh.outputs]

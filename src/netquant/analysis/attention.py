@@ -46,6 +46,7 @@ LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
 PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
 CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
+SETUP_PASSES = 3  # the setup's runs over the loss batches: the ranges (FP32), the reference, the current file
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
     (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
     (AttnKind.CONTEXT, AttnMode.STATIC), (AttnKind.CONTEXT, AttnMode.DYNAMIC),
@@ -144,13 +145,16 @@ def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
     return {k: (lo[k], hi[k]) for k in lo}
 
 
-def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]], session: Any = None) -> np.ndarray:
+    """All outputs of `model` on `batches`, flattened (onnxruntime CPU, one thread; `session`: built already)."""
     import onnxruntime as ort
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = session
+    if sess is None:
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        so.log_severity_level = 3
+        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
     return np.concatenate([np.asarray(o, np.float64).ravel() for b in batches for o in sess.run(None, dict(b))])
 
 
@@ -161,18 +165,19 @@ def _loss(a: np.ndarray, b: np.ndarray) -> float:
 
 def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: onnx.ModelProto,
                      feeds: Mapping[str, np.ndarray], batches: Sequence[Mapping[str, np.ndarray]],
-                     deadline: float | None = None) -> AttentionPlacement:
+                     deadline: float | None = None, reference_session: Any = None) -> AttentionPlacement:
     """Measure and decide (module docstring). base: the QDQ export as placed so far (not modified); reference: the
     model whose outputs the losses are measured against (the user's FP32 model); fp32: the graph the ranges are
     calibrated on (its tensor names are the export's); feeds: the timing batch; batches: the loss / range batches.
-    Tries past `deadline` (perf_counter) are skipped."""
+    Tries past `deadline` (perf_counter) are skipped. reference_session: `reference`'s onnxruntime session (one
+    intra-op thread), where the caller holds one."""
     start = time.perf_counter()
     result = AttentionPlacement()
     kinds = find_attention_ops(base)
     has_dynamic = any(n.op_type == "MatMulInteger" for n in base.graph.node)
     if not kinds and not has_dynamic:
         return result
-    ref = _outputs(reference, batches)
+    ref = _outputs(reference, batches, reference_session)
     cur = base
     cur_loss = _loss(ref, _outputs(cur, batches))
     result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
@@ -222,22 +227,39 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     return result
 
 
+def setup_estimate_s(batches: Sequence[Mapping[str, np.ndarray]], fp32_ms: float) -> float:
+    """Seconds choose_attention's setup takes before its first try, estimated: SETUP_PASSES x the rows of `batches`
+    (first axis of the first input) x the batch-1 ms `fp32_ms`."""
+    rows = sum(int(np.asarray(next(iter(b.values()))).shape[0]) if b and np.asarray(next(iter(b.values()))).ndim else 1
+               for b in batches)
+    return SETUP_PASSES * rows * fp32_ms / 1e3
+
+
 def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source: onnx.ModelProto | None,
-                    cap_s: float, max_batches: int = 2) -> AttentionPlacement | None:
+                    cap_s: float, max_batches: int = 2, deadline: float | None = None,
+                    source_session: Any = None, fp32_ms: float | None = None) -> AttentionPlacement | None:
     """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
     against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
-    validation batches, tries started within CAP_SHARE x `cap_s` seconds; the choice is set as
+    validation batches, tries started within CAP_SHARE x `cap_s` seconds (or by `deadline`, perf_counter, where
+    given); source_session: `source`'s onnxruntime session (one intra-op thread) where the caller holds one (placement
+    does); fp32_ms: the FP32 model's batch-1 ms, where known: with `deadline`, nothing is measured (None) when the
+    setup (SETUP_PASSES runs of a model that size over the loss batches' rows: ranges, reference, current file) would
+    end past it, since no try could start; the choice is set as
     qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul)."""
     from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
 
     batches = [{k: v.detach().cpu().numpy() for k, v in b.items()} for b in qgraph.validation_batches[:max_batches]]
     if feeds is None or not batches:
         return None
+    if deadline is not None and fp32_ms is not None and \
+            time.perf_counter() + setup_estimate_s(batches, fp32_ms) > deadline:
+        return None
     qgraph.attention_rewrite = None
     base = build_qdq_model(qgraph)[0]
     fp32 = fp32_onnx(qgraph)
     result = choose_attention(base, source if source is not None else fp32, fp32, feeds, batches,
-                              deadline=time.perf_counter() + CAP_SHARE * cap_s)
+                              deadline=deadline if deadline is not None else time.perf_counter() + CAP_SHARE * cap_s,
+                              reference_session=source_session if source is not None else None)
     if not result.tries:
         return None
     qgraph.attention_rewrite = result.rewrite()

@@ -103,28 +103,35 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
                       runs=runs)
 
 
-def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
-                  runs: int = 8, threads: int = 1, budget_s: float | None = None, min_rounds: int = 3,
-                  settled: Callable[[list[float]], bool] | None = None) -> list[float]:
-    """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
-    interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms).
-    budget_s: fewer runs per round (down to 1), then fewer rounds (down to min_rounds), where `rounds` x `runs` of
-    every model would take longer, going by the warm-up runs (a large model's single runs vary less).
-    settled: stop after `min_rounds` once settled(the medians so far) holds (interleaved_ms)."""
+def cpu_session(model: onnx.ModelProto, threads: int = 1) -> Any:
+    """An onnxruntime CPU session of `model` (all optimizations, `threads` intra-op threads, one inter-op thread), as
+    wall_clock_ms builds them; ExportError when onnxruntime cannot load it."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
     so.intra_op_num_threads = threads
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
-    sessions = []
-    for m in models:
-        try:
-            sessions.append(ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"]))
-        except Exception as exc:
-            raise ExportError(f"onnxruntime cannot load the model to time it: {exc}") from exc
+    try:
+        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        raise ExportError(f"onnxruntime cannot load the model to time it: {exc}") from exc
+
+
+def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
+                  runs: int = 8, threads: int = 1, budget_s: float | None = None, min_rounds: int = 3,
+                  settled: Callable[[list[float]], bool] | None = None,
+                  sessions: Sequence[Any | None] | None = None) -> list[float]:
+    """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
+    interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms).
+    budget_s: fewer runs per round (down to 1), then fewer rounds (down to min_rounds), where `rounds` x `runs` of
+    every model would take longer, going by the warm-up runs (a large model's single runs vary less).
+    settled: stop after `min_rounds` once settled(the medians so far) holds (interleaved_ms).
+    sessions: per model, a session built already (cpu_session with the same `threads`) or None (built here)."""
+    given = list(sessions) if sessions is not None else [None] * len(models)
+    built = [g if g is not None else cpu_session(m, threads) for m, g in zip(models, given, strict=True)]
     feed = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
-    calls = [functools.partial(sess.run, None, feed) for sess in sessions]
+    calls = [functools.partial(sess.run, None, feed) for sess in built]
     if budget_s is not None:
         start = time.perf_counter()
         for call in calls:  # the warm-up runs, timed together

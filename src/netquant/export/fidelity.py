@@ -200,9 +200,11 @@ def _cleaned_fp32(qgraph: QuantizedGraph) -> onnx.ModelProto:
 def fp32_reference(qgraph: QuantizedGraph, source: bool = True) -> tuple[Any, str]:
     """(onnxruntime session, what it is) of the FP32 model: the user's source model (QuantizedGraph.fp32_source) where
     it loads in onnxruntime and `source`, else the cleaned-up graph with its FP32 biases. Memoised per quantized
-    graph."""
+    graph; placement's session of the source (QuantizedGraph.fp32_session) is reused where it is for that model
+    object with the threads ort_session would give it (the thread_scope's)."""
     from netquant.export.validate import ort_session
     from netquant.passes.calibration import graph_state
+    from netquant.platforms.threads import scoped_threads
 
     model = getattr(qgraph, "fp32_source", None) if source else None
     key = (graph_state(qgraph.graph), id(model))
@@ -210,7 +212,10 @@ def fp32_reference(qgraph: QuantizedGraph, source: bool = True) -> tuple[Any, st
     if ref is not None and ref.key == key:
         return ref.session, ref.label
     session, label = None, ""
-    if model is not None:
+    held = getattr(qgraph, "fp32_session", None)
+    if model is not None and held is not None and held.model is model and held.threads == scoped_threads():
+        session, label = held.session, "the source FP32 model"  # placement's session: the same model and threads
+    elif model is not None:
         try:
             session, label = ort_session(model.SerializeToString(), "FP32 source model"), "the source FP32 model"
         except (ExportError, ValueError):

@@ -165,6 +165,16 @@ class WholeModelTiming:
 
 
 @dataclass(frozen=True)
+class FP32Session:
+    """Placement's onnxruntime session of the user's FP32 model `model` (the object QuantizedGraph.fp32_source holds),
+    `threads` intra-op threads: export.fidelity's FP32 reference reuses it where it would build the same session."""
+
+    model: Any
+    threads: int
+    session: Any
+
+
+@dataclass(frozen=True)
 class FakeQuantRun:
     """The graph outputs of one fake-quant executor run (exact accumulation) on `inputs`, in the quant state `state`
     (export.onnx_qdq.quant_state): placement's all-INT8 loss run, reused by export validation for the same batch."""
@@ -209,6 +219,7 @@ class QuantizedGraph:
         # export.attention.AttentionRewrite measured by analysis.attention (None: the platform's rules alone)
         self.attention_rewrite: Any = None
         self.whole_model_timing: WholeModelTiming | None = None  # placement's FP32 / all-INT8 timing (api.quantize)
+        self.fp32_session: FP32Session | None = None  # placement's session of the source (export.fidelity reuses it)
         self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
 
     @property

@@ -11,6 +11,7 @@ import onnx
 import pytest
 
 from netquant.analysis.placement import DYNAMIC, FLOAT, INT8, Placement, Reason
+from netquant.analysis.placement.dynamic import profile_decides
 from netquant.api import quantize_onnx
 from netquant.export.onnx_qdq import build_qdq_model
 from tests.helpers.transformer_models import small_bert, small_bert_batches
@@ -27,12 +28,16 @@ def test_search_times_dynamic_and_the_export_follows_its_decisions(bert: Path, t
     assert {r.decision for r in p.regions} <= {INT8, DYNAMIC, FLOAT}
     matmuls = [r for r in p.regions if r.op_type == "MatMul" and r.decision != FLOAT]
     assert matmuls and all(r.dynamic_ms is not None and r.int8_ms is not None for r in matmuls)
+    # the profile sums decide where they differ clearly (dynamic.profile_decides), else the files are timed
+    by_profile = p.measured.get("dynamic_decided_by") == "profile sums"
+    assert by_profile == profile_decides(p.measured["static_profile_ms"], p.measured["all_dynamic_profile_ms"])
+    kind = "profile" if by_profile else "wall"
     for r in p.regions:
-        if r.decision == DYNAMIC:  # where its profiled time beat the static one, or the all-dynamic file timed fastest
+        if r.decision == DYNAMIC:  # where its profiled time beat the static one, or the all-dynamic file was fastest
             assert (r.reason == Reason.DYNAMIC and r.int8_ms > r.dynamic_ms) or (
-                r.reason == Reason.ALL_DYNAMIC and p.measured["all_dynamic_wall_ms"] <= p.measured["static_wall_ms"])
-    if p.dynamic_anchors():  # the shipped form was timed no slower than all static, and as accurate or within budget
-        assert p.measured["loss_ort_static"] >= 0 and "static_wall_ms" in p.measured
+                r.reason == Reason.ALL_DYNAMIC and p.measured[f"all_dynamic_{kind}_ms"] <= p.measured[f"static_{kind}_ms"])
+    if p.dynamic_anchors():  # the shipped form was no slower than all static, and as accurate or within budget
+        assert p.measured["loss_ort_static"] >= 0 and (by_profile or "static_wall_ms" in p.measured)
     assert p.measured["dynamic_candidates"] == len(matmuls)
     assert p.measured["dynamic_regions"] == len(p.dynamic_anchors())
     assert qm.qgraph.dynamic_ops == set(p.dynamic_anchors())
@@ -65,3 +70,31 @@ def test_placement_file_with_dynamic_regions_is_reapplied(bert: Path, tmp_path: 
     ops = Counter(n.op_type for n in onnx.load(str(out)).graph.node)
     assert ops["MatMulInteger"] == len(chosen) and ops["DynamicQuantizeLinear"] == len(chosen)
     assert Placement.load(path).dynamic_anchors() == chosen
+
+
+def test_profile_sums_decide_only_where_they_differ_by_more_than_15_percent() -> None:
+    from netquant.analysis.placement.constants import PROFILE_CLEAR
+
+    assert PROFILE_CLEAR == 0.15
+    assert not profile_decides(10.0, 11.5) and not profile_decides(11.5, 10.0)  # 15% of the smaller: timed
+    assert profile_decides(10.0, 11.6) and profile_decides(11.6, 10.0)
+    assert not profile_decides(6.957, 6.836)  # the built-in encoder's sums (static, all dynamic): timed
+
+
+def test_profile_sums_that_decide_pick_the_smallest_sum_as_accurate_without_timing(
+        bert: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from netquant.analysis.placement import dynamic
+
+    monkeypatch.setattr(dynamic, "PROFILE_CLEAR", -1.0)  # every pair of sums "differs clearly": the sums decide
+    qm = quantize_onnx(str(bert), small_bert_batches(4), objective="latency", quiet=True, placement_time_s=30)
+    m = qm.placement.measured
+    assert m["dynamic_decided_by"] == "profile sums" and "static_wall_ms" not in m and "all_dynamic_wall_ms" not in m
+    options = [("static", 0, m["static_profile_ms"], m["loss_ort_static"]),
+               ("all", m["dynamic_candidates"], m["all_dynamic_profile_ms"], m["loss_ort_all_dynamic"])]
+    if "per_region_dynamic_profile_ms" in m:  # the per-region choice is neither all static nor all dynamic
+        options.append(("per region", None, m["per_region_dynamic_profile_ms"], m["loss_ort_per_region_dynamic"]))
+    limit = qm.placement.max_loss  # None for LATENCY
+    fine = [o for o in options if o[3] <= m["loss_ort_static"] or (limit is not None and o[3] <= limit)]
+    best = min(fine, key=lambda o: o[2])
+    assert m["dynamic_regions"] == len(qm.qgraph.dynamic_ops)
+    assert m["dynamic_regions"] == best[1] if best[1] is not None else 0 < m["dynamic_regions"] < m["dynamic_candidates"]

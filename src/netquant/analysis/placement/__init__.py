@@ -21,9 +21,13 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
 7. static or dynamic (onnxruntime, `dynamic.choose_dynamic`): the INT8 MatMul regions are profiled once more with their
    activation quantized at run time (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's
    DynamicQuantizeMatMul); regions clearly faster so are the per-region choice; the all-static file, the
-   all-dynamic one and the per-region choice are then timed against each other (wall clock) and the fastest whose
-   onnxruntime output is as close to the source's as the static file's (or within max_loss) ships: decision
-   DYNAMIC, with each region's dynamic_ms in the placement file.
+   all-dynamic one and the per-region choice (where it is neither) are then compared: by their profile sums where
+   the first two differ by more than PROFILE_CLEAR (15%), else timed against each other (wall clock, started within
+   DYNAMIC_SHARE of the cap); the fastest whose onnxruntime output is as close to the source's as the static file's
+   (or within max_loss) ships: decision DYNAMIC, with each region's dynamic_ms in the placement file. The attention
+   step (analysis.attention) then starts its tries within ATTENTION_SHARE of the cap. One onnxruntime session of the
+   source (one thread) serves every whole-model timing and output check, and export's FP32 reference
+   (QuantizedGraph.fp32_session) where export runs with one thread.
 
 BALANCED / ACCURACY first time the all-INT8 file against the user's FP32 model (wall clock, interleaved, within
 WALL_BUDGET_S); when it is no slower and within the budget that decides, and steps 2-6 run only while the time cap

@@ -18,6 +18,13 @@ PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 ru
 WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model ...
 WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
 WALL_CLEAR = 0.15  # ... and 3 rounds only when INT8 is this much faster or slower than FP32 by then
+WALL_THREADS = 1  # whole-model timings: one intra-op thread (api.quantize.PLACEMENT_THREADS)
+# the DYNAMIC step (dynamic.choose_dynamic): the profile sums of the all-static and all-dynamic files decide where they
+# differ by more than PROFILE_CLEAR (of the smaller); else the files are timed (wall clock), started within
+# DYNAMIC_SHARE of placement's cap after the step starts and ending by then
+PROFILE_CLEAR = 0.15
+DYNAMIC_SHARE = 0.25
+ATTENTION_SHARE = 0.25  # the attention step's tries (analysis.attention) start within this share of the cap
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 # platforms with a wider format (Platform.wider) widen regions until the loss is within this share of max_loss: a wide

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -19,11 +20,13 @@ from netquant.analysis.placement.constants import (
     WALL_CLEAR,
     WALL_ROUNDS,
     WALL_RUNS,
+    WALL_THREADS,
 )
 from netquant.analysis.placement.inputs import batch1
 from netquant.analysis.profile import (
     NodeMap,
     OrtProfile,
+    cpu_session,
     ort_requantizes,
     profile_onnx,
     region_times,
@@ -31,7 +34,7 @@ from netquant.analysis.profile import (
 )
 from netquant.analysis.regions import find_regions, keep_float
 from netquant.export.ort_kernels import INT8_KERNEL_OPS
-from netquant.passes.quant_graph import QuantizedGraph
+from netquant.passes.quant_graph import FP32Session, QuantizedGraph
 from netquant.passes.settings import QuantSettings
 
 
@@ -61,6 +64,17 @@ class SearchState:
         self.profiles = 0
         self.profile_s = 0.0
         self.built: dict[frozenset[str], onnx.ModelProto] = {}
+        self.source: onnx.ModelProto | None = None
+        self.source_session: Any = None
+
+    def session_of(self, source: onnx.ModelProto) -> Any:
+        """The onnxruntime session (WALL_THREADS threads) of the user's FP32 model, built once per search and kept on
+        the quantized graph (QuantizedGraph.fp32_session) for export.fidelity's FP32 reference; ExportError when it
+        does not load."""
+        if self.source is not source or self.source_session is None:
+            self.source_session, self.source = cpu_session(source, WALL_THREADS), source
+            self.qgraph.fp32_session = FP32Session(source, WALL_THREADS, self.source_session)
+        return self.source_session
 
     def build(self, float_set: set[str]) -> onnx.ModelProto:
         """The QDQ export of the quantized graph with `float_set` kept in float (memoised)."""
@@ -72,14 +86,15 @@ class SearchState:
                 self.built[key] = build_qdq_model(self.qgraph, share=True)[0]
         return self.built[key]
 
-    def wall_clock(self, models: list[onnx.ModelProto], settled: Callable[[list[float]], bool] | None = None
-                   ) -> list[float]:
+    def wall_clock(self, models: list[onnx.ModelProto], settled: Callable[[list[float]], bool] | None = None,
+                   source: onnx.ModelProto | None = None) -> list[float]:
         """Wall-clock ms of each model against the others (analysis.profile.wall_clock_ms within WALL_BUDGET_S), its
-        time counted in profile_s."""
+        time counted in profile_s; a model that `is` `source` runs in the search's source session (session_of)."""
         t = time.perf_counter()
         try:
+            sessions = [self.session_of(m) if source is not None and m is source else None for m in models]
             return wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=WALL_BUDGET_S,
-                                 settled=settled)
+                                 settled=settled, threads=WALL_THREADS, sessions=sessions)
         finally:
             self.profile_s += time.perf_counter() - t
 

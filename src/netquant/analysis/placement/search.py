@@ -196,7 +196,7 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
     int8_first_ok = False
     if source is not None and objective is not Objective.LATENCY:
         try:
-            src_ms, all8_ms = s.wall_clock([source, s.build(set())], settled=clear_verdict)
+            src_ms, all8_ms = s.wall_clock([source, s.build(set())], settled=clear_verdict, source=source)
         except ExportError as exc:  # the source does not run in onnxruntime: compare with the cleaned FP32 graph
             placement.note = f"source model not timed ({str(exc).splitlines()[0][:200]}); FP32 = the cleaned graph"
         else:
@@ -283,7 +283,8 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
         # add to: the decision, timed like the INT8-first check against the source and the all-float file, must be
         # no slower than the source, else the faster of it and all float ships
         assert source is not None  # it was timed
-        src_ms, placed_ms, float_ms = s.wall_clock([source, s.build(set(best)), s.build(all_anchors)])
+        src_ms, placed_ms, float_ms = s.wall_clock([source, s.build(set(best)), s.build(all_anchors)],
+                                                       source=source)
         measured.update({"source_fp32_wall_ms": src_ms, "placed_wall_ms": placed_ms, "all_float_wall_ms": float_ms})
         if placed_ms > src_ms and float_ms < placed_ms:
             placed_float, best, best_t = best, frozenset(all_anchors), p32.node_total_ms
