@@ -20,18 +20,7 @@ from netquant.passes.calib_ort import CalibEngine, LaterBatches, rounded, undeci
 from netquant.passes.flat_ranges import clip_bounds
 from netquant.passes.quantizer import GraphIndex
 from tests.helpers.export_models import conv_net
-
-Params = dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]]
-
-
-def _params(qm: Any) -> Params:
-    out: Params = {}
-    for oc in qm.qgraph.op_configs.values():
-        for kind, cfgs in (("in", oc.inputs), ("out", oc.outputs)):
-            for i, c in enumerate(cfgs):
-                if c is not None and c.params is not None:
-                    out[(oc.op.name, kind, i)] = (c.params.scale, c.params.zero_point)
-    return out
+from tests.helpers.quant_params import tensor_params as _params
 
 
 def _both(model: Any, batches: list[Any], **settings: Any) -> tuple[Any, Any]:

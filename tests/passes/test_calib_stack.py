@@ -15,18 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from netquant.api import quantize_onnx, zoo
 from netquant.passes.calib_stack import STACK_MAX_SAMPLES, concat, same_layout, stack_size
 from tests.helpers.export_models import conv_net
-
-Params = dict[tuple[str, str, int], tuple[torch.Tensor, torch.Tensor]]
-
-
-def _params(qm: Any) -> Params:
-    out: Params = {}
-    for oc in qm.qgraph.op_configs.values():
-        for kind, cfgs in (("in", oc.inputs), ("out", oc.outputs)):
-            for i, c in enumerate(cfgs):
-                if c is not None and c.params is not None:
-                    out[(oc.op.name, kind, i)] = (c.params.scale, c.params.zero_point)
-    return out
+from tests.helpers.quant_params import tensor_params as _params
 
 
 def _both(model: Any, batches: list[Any], **settings: Any) -> tuple[Any, Any]:

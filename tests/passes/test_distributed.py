@@ -19,6 +19,7 @@ from netquant.api import quantize_onnx
 from netquant.errors import ConfigError
 from netquant.passes.distributed import Shard
 from tests.helpers.export_models import conv_net
+from tests.helpers.quant_params import tensor_params as _params
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "minmax": {"activation_observer": "minmax"},
@@ -30,15 +31,6 @@ def _batches() -> list[np.ndarray]:
     rng = np.random.default_rng(7)
     return [rng.standard_normal((2, 3, 16, 16)).astype(np.float32) * (1 + i % 4) for i in range(11)]
 
-
-def _params(qm: Any) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    out = {}
-    for oc in qm.qgraph.op_configs.values():
-        for kind, cfgs in (("in", oc.inputs), ("out", oc.outputs)):
-            for i, c in enumerate(cfgs):
-                if c is not None and c.params is not None:
-                    out[f"{oc.op.name}/{kind}{i}"] = (c.params.scale.clone(), c.params.zero_point.clone())
-    return out
 
 
 def _free_port() -> int:
