@@ -43,10 +43,10 @@ from netquant.api.zoo_decoder import (
 )
 from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig
 
-SMALL = DecoderConfig(vocab=256, dim=320, layers=8, heads=10, kv_heads=5, hidden=864, max_positions=512)
+SMALL = DecoderConfig(vocab=256, dim=320, layers=9, heads=10, kv_heads=5, hidden=864, max_positions=512)
 BIG = DecoderConfig(vocab=32000, dim=2048, layers=20, heads=32, kv_heads=8, hidden=5632, max_positions=2048)
 SEQ = 128
-TRAIN_STEPS = 400
+TRAIN_STEPS = 1100
 BATCH = 8
 SEED = 0
 
