@@ -108,9 +108,9 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
         t_static = region_times(p_static, s.nmap, s.region_of, int8)
         t_dynamic = region_times(p_dynamic, s.nmap, s.region_of, int8)
         for a in candidates:
+            # both times from this step's two profiles (same feeds, same builds): the pair the choice below reads
             decisions[a].dynamic_ms = round(t_dynamic.get(a, 0.0), 4)
-            if decisions[a].int8_ms is None:
-                decisions[a].int8_ms = round(t_static.get(a, 0.0), 4)
+            decisions[a].int8_ms = round(t_static.get(a, 0.0), 4)
             if t_static.get(a, 0.0) > SLOWER_MARGIN * t_dynamic.get(a, 0.0) + SLOWER_MS:
                 chosen.append(a)
         measured.update({"dynamic_candidates": len(candidates), "static_profile_ms": p_static.node_total_ms,
