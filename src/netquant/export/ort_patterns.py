@@ -11,12 +11,15 @@ apart; the Add broadcasts the same values (exact), and onnxruntime fuses DQ -> M
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from collections.abc import Callable
 
 import numpy as np
 import onnx
 from onnx import helper
+
+from netquant.graph.ir import claim_name
 
 
 def _initializer_rank1(graph: onnx.GraphProto, name: str) -> onnx.TensorProto | None:
@@ -111,18 +114,10 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, int] = defaultdict(int)
-    for n in graph.node:
-        for i in n.input:
-            readers[i] += 1
+    readers = _read_counts(graph)
     taken = set(inits) | set(producer) | {i.name for i in graph.input}
 
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        return name
+    fresh = functools.partial(claim_name, taken=taken)
 
     replaced: dict[int, list[onnx.NodeProto]] = {}
     for gather in graph.node:
@@ -213,10 +208,7 @@ def q_attention(model: onnx.ModelProto) -> int:
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     inits = {t.name: t for t in graph.initializer}
-    readers: dict[str, int] = defaultdict(int)
-    for n in graph.node:
-        for i in n.input:
-            readers[i] += 1
+    readers = _read_counts(graph)
     replaced: dict[int, onnx.NodeProto] = {}
     for node in graph.node:
         if node.op_type != "Attention" or node.domain != "com.microsoft" or len(node.input) < 3 or \
@@ -242,6 +234,15 @@ def q_attention(model: onnx.ModelProto) -> int:
         return 0
     _splice(graph, {k: [v] for k, v in replaced.items()}, readers)
     return len(replaced)
+
+
+def _read_counts(graph: onnx.GraphProto) -> dict[str, int]:
+    """How many node inputs read each value (0 for anything else)."""
+    readers: dict[str, int] = defaultdict(int)
+    for n in graph.node:
+        for i in n.input:
+            readers[i] += 1
+    return readers
 
 
 def _splice(graph: onnx.GraphProto, replaced: dict[int, list[onnx.NodeProto]], readers: dict[str, int]
@@ -287,19 +288,11 @@ def embed_layer_norm_rows(model: onnx.ModelProto) -> int:
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
-    readers: dict[str, int] = defaultdict(int)
-    for n in graph.node:
-        for i in n.input:
-            readers[i] += 1
+    readers = _read_counts(graph)
     outputs = {o.name for o in graph.output}
     taken = set(inits) | set(producer) | {i.name for i in graph.input} | {i for n in graph.node for i in n.input}
 
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in taken:
-            name, k = f"{base}_{k}", k + 1
-        taken.add(name)
-        return name
+    fresh = functools.partial(claim_name, taken=taken)
 
     def const(base: str, value: np.ndarray) -> str:
         name = fresh(base)

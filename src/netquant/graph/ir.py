@@ -458,3 +458,13 @@ class Graph:
     def __repr__(self) -> str:
         return (f"Graph({self.name!r}, {len(self.nodes)} nodes, inputs={self.input_names}, "
                 f"outputs={self.output_names}, opset={self.opset})")
+
+
+def claim_name(base: str, taken: set[str]) -> str:
+    """The first of base, base_1, base_2, ... not in `taken`, added to it (names for nodes / tensors written into an
+    ONNX proto)."""
+    name, i = base, 1
+    while name in taken:
+        name, i = f"{base}_{i}", i + 1
+    taken.add(name)
+    return name

@@ -27,6 +27,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.core.qdq_types import FP8_TYPES, INT_RANGES
 from netquant.core.spec import FP8_DTYPE, FP8_MAX
+from netquant.graph.ir import claim_name
 
 _FOLDABLE = {TensorProto.INT4: np.int8, TensorProto.UINT4: np.uint8, TensorProto.INT8: np.int8,
              TensorProto.UINT8: np.uint8, TensorProto.INT16: np.int16, TensorProto.UINT16: np.uint16}
@@ -103,14 +104,6 @@ def _constant(name: str, inits: dict[str, onnx.TensorProto]) -> np.ndarray | Non
     return None if t is None else numpy_helper.to_array(t)
 
 
-def _fresh(base: str, taken: set[str]) -> str:
-    name, i = base, 1
-    while name in taken:
-        name, i = f"{base}_{i}", i + 1
-    taken.add(name)
-    return name
-
-
 def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
     """Fold, in place, every QuantizeLinear of the main graph whose input, scale and zero point are initializers and
     whose output feeds only DequantizeLinear nodes (with the same scale, zero point, axis and block_size) into an
@@ -150,7 +143,7 @@ def fold_weight_qdq(model: onnx.ModelProto) -> FoldReport:
             q = quantize_linear_fp8(x, scale, elem_type, axis, block)
         else:
             q = quantize_linear(x, scale, zero, elem_type, axis, block)
-        q_t = integer_tensor(_fresh(f"{node.input[0]}_quantized", taken), q, elem_type)
+        q_t = integer_tensor(claim_name(f"{node.input[0]}_quantized", taken), q, elem_type)
         graph.initializer.append(q_t)
         inits[q_t.name] = q_t
         for user in users:
@@ -174,9 +167,9 @@ def _transposed(name: str, inits: dict[str, onnx.TensorProto], graph: onnx.Graph
     t = inits[name]
     values = numpy_helper.to_array(t)
     if t.data_type in _FOLDABLE:
-        new = integer_tensor(_fresh(f"{name}_t", taken), np.ascontiguousarray(values.astype(np.int64).T), t.data_type)
+        new = integer_tensor(claim_name(f"{name}_t", taken), np.ascontiguousarray(values.astype(np.int64).T), t.data_type)
     else:
-        new = numpy_helper.from_array(np.ascontiguousarray(values.T), _fresh(f"{name}_t", taken))
+        new = numpy_helper.from_array(np.ascontiguousarray(values.T), claim_name(f"{name}_t", taken))
     graph.initializer.append(new)
     inits[new.name] = new
     return new.name
@@ -221,10 +214,10 @@ def reorient_blocked_weights(model: onnx.ModelProto) -> int:
             index = list(graph.node).index(user)
             bias = user.input[2] if len(user.input) > 2 else ""
             out = user.output[0]
-            mm_out = _fresh(f"{out}_matmul", taken) if bias else out
+            mm_out = claim_name(f"{out}_matmul", taken) if bias else out
             new = [helper.make_node("MatMul", [user.input[0], dq.output[0]], [mm_out], name=user.name)]
             if bias:
-                new.append(helper.make_node("Add", [mm_out, bias], [out], name=_fresh(f"{user.name}_bias", taken)))
+                new.append(helper.make_node("Add", [mm_out, bias], [out], name=claim_name(f"{user.name}_bias", taken)))
             graph.node.remove(user)
             for offset, n in enumerate(new):
                 graph.node.insert(index + offset, n)
