@@ -241,8 +241,8 @@ def test_placement_timing_of_the_same_files_is_reused_not_measured_again(tmp_pat
 
 
 def test_placement_timing_is_kept_only_for_an_all_int8_placement() -> None:
+    from netquant.analysis.placement.measure import whole_model_timing as placement_timing
     from netquant.api.placement import Placement, RegionDecision
-    from netquant.api.quantize import placement_timing
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -192,6 +192,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     run = run_ptq(graph, calib_data, s, extra_passes=passes)  # validates calib_data (CheckDataPass), once
     timings = dict(run.timings)
     from netquant.analysis.placement import applies, place_with_repair
+    from netquant.analysis.placement.measure import whole_model_timing
 
     requantize = None
     given = tuple(p.name for p in passes)
@@ -224,7 +225,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
                                                   else None, wide=wide, requantize=requantize, given=given)
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
-        run.qgraph.whole_model_timing = placement_timing(placement, run.qgraph)
+        run.qgraph.whole_model_timing = whole_model_timing(placement, run.qgraph)
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None
@@ -234,25 +235,6 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     qmodel.progress = not s.quiet  # exports show progress as the passes and placement did
     qmodel.rank = rank
     return qmodel
-
-
-PLACEMENT_THREADS = 1  # placement's whole-model check times with one intra-op thread (analysis.profile.wall_clock_ms)
-
-
-def placement_timing(placement: Any, qgraph: Any) -> Any:
-    """Placement's whole-model FP32 / all-INT8 timing (passes.quant_graph.WholeModelTiming) where the file it timed is
-    the one export writes: every region INT8, none quantized at run time, no attention rewrite; else None."""
-    from netquant.export.onnx_qdq import quant_state
-    from netquant.passes.quant_graph import WholeModelTiming
-
-    m = placement.measured
-    if not {"source_fp32_wall_ms", "all_int8_wall_ms", "timed_shapes"} <= m.keys():
-        return None
-    if any(r.decision != "int8" for r in placement.regions) or qgraph.dynamic_ops or qgraph.attention_rewrite:
-        return None
-    return WholeModelTiming(float(m["source_fp32_wall_ms"]), float(m["all_int8_wall_ms"]),
-                            {k: tuple(int(d) for d in v) for k, v in m["timed_shapes"].items()}, PLACEMENT_THREADS,
-                            quant_state(qgraph))
 
 
 def _read_files(model: Any, calib_data: Any, s: QuantSettings) -> list[Path]:

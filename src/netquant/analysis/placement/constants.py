@@ -18,7 +18,7 @@ PROFILE_RUNS, PROFILE_WARMUP = 5, 1  # per-node medians of 5 batch-1 runs (20 ru
 WALL_ROUNDS, WALL_RUNS = 5, 3  # INT8-first check: 5 interleaved rounds of 3 runs per model ...
 WALL_BUDGET_S = 1.0  # ... fewer runs per round (at least 1) for models whose runs would take longer
 WALL_CLEAR = 0.15  # ... and 3 rounds only when INT8 is this much faster or slower than FP32 by then
-WALL_THREADS = 1  # whole-model timings: one intra-op thread (api.quantize.PLACEMENT_THREADS)
+WALL_THREADS = 1  # whole-model timings: one intra-op thread (the timing export reuses: measure.whole_model_timing)
 # the DYNAMIC step (dynamic.choose_dynamic): the profile sums of the all-static and all-dynamic files decide where they
 # differ by more than PROFILE_CLEAR (of the smaller); else the files are timed (wall clock), started within
 # DYNAMIC_SHARE of placement's cap after the step starts and ending by then

@@ -154,3 +154,18 @@ class SearchState:
         """Regions measured slower in INT8 beyond the noise margin (ties and noise keep INT8)."""
         return {a for a in self.by_anchor if self.t8.get(a, 0.0) > SLOWER_MARGIN * self.t32.get(a, math.inf) + SLOWER_MS}
 
+
+def whole_model_timing(placement: Any, qgraph: Any) -> Any:
+    """Placement's whole-model FP32 / all-INT8 timing (passes.quant_graph.WholeModelTiming) where the file it timed is
+    the one export writes: every region INT8, none quantized at run time, no attention rewrite; else None."""
+    from netquant.export.onnx_qdq import quant_state
+    from netquant.passes.quant_graph import WholeModelTiming
+
+    m = placement.measured
+    if not {"source_fp32_wall_ms", "all_int8_wall_ms", "timed_shapes"} <= m.keys():
+        return None
+    if any(r.decision != "int8" for r in placement.regions) or qgraph.dynamic_ops or qgraph.attention_rewrite:
+        return None
+    return WholeModelTiming(float(m["source_fp32_wall_ms"]), float(m["all_int8_wall_ms"]),
+                            {k: tuple(int(d) for d in v) for k, v in m["timed_shapes"].items()}, WALL_THREADS,
+                            quant_state(qgraph))
