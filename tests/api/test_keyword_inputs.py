@@ -8,6 +8,7 @@ from collections import OrderedDict
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 
 import netquant
@@ -66,3 +67,19 @@ def test_quantize_torch_keyword_inputs_runs_any_batch_and_length(tmp_path):
             a, b = got.ravel().astype(np.float64), want.numpy().ravel().astype(np.float64)
             assert got.shape == tuple(want.shape)
             assert a @ b / (np.linalg.norm(a) * np.linalg.norm(b)) > 0.999
+
+
+def test_keyword_export_refusals_name_the_input_and_what_to_do():
+    from netquant.errors import ModelError
+
+    ids = torch.zeros((2, 8), dtype=torch.int64)
+    mask = torch.ones((2, 8), dtype=torch.int64)
+    with pytest.raises(ModelError, match="example inputs dict is empty; give the inputs the model's forward takes"):
+        keyword_export(_Tokens(), {})
+    with pytest.raises(ModelError, match="example input 'input_ids' is a str; give tensors or numpy"):
+        keyword_export(_Tokens(), {"input_ids": "hello", "attention_mask": mask})
+    with pytest.raises(ModelError, match=r"_Tokens cannot run on the example inputs \(input_ids \[2, 8\]\).*"
+                                         r"give the keyword inputs its forward takes"):
+        keyword_export(_Tokens(), {"input_ids": ids})  # attention_mask missing
+    with pytest.raises(ModelError, match=r"dynamic_axes names \['mask'\], not among the example inputs"):
+        keyword_export(_Tokens(), {"input_ids": ids, "attention_mask": mask}, dynamic_axes={"mask": {0: "b"}})

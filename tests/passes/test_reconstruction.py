@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 import torch
 
 import netquant
@@ -133,3 +134,18 @@ def test_learned_weight_scales_keep_the_pair_limit():
     assert changed == lsq.results[0].kept  # a block that is not kept leaves its scales as calibrated
     codes = constant_codes(q.qgraph.graph.initializers["w"], cfg).to(torch.int32)
     assert count_overflow_pairs(codes, cfg.effective_pair_limit.layout) == 0
+
+
+def test_settings_refusals_say_what_to_set():
+    from netquant.errors import ConfigError
+    from netquant.passes.learned_scales import LearnedScaleSettings
+    from netquant.passes.reconstruction import ReconstructionSettings
+
+    with pytest.raises(ConfigError, match="reconstruction iterations, samples, max_batches and layers must be >= 1"):
+        ReconstructionSettings(iterations=0)
+    with pytest.raises(ConfigError, match=r"reconstruction warmup is a share of the iterations in \[0, 1\), got 1.5"):
+        ReconstructionSettings(warmup=1.5)
+    with pytest.raises(ConfigError, match="learned-scale iterations, samples, max_batches and layers must be >= 1"):
+        LearnedScaleSettings(layers=0)
+    with pytest.raises(ConfigError, match="learns nothing: set activations and / or weights"):
+        LearnedScaleSettings(activations=False, weights=False)
