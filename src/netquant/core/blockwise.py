@@ -18,11 +18,16 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from netquant.errors import ConfigError
+
+_CHUNK = 1 << 17  # float32 elements per step of the fused RTN loop (512 KB: its passes stay in the core's L2 cache)
 
 
 class WeightOnlyFormat(enum.Enum):
@@ -69,6 +74,7 @@ class BlockQuantized:
     zero_points: torch.Tensor
     k: int
     spec: BlockSpec
+    known_mse: float | None = None  # mse() of the weight it was quantized from, when the quantizer computed it
 
     def dequantize(self) -> torch.Tensor:
         """The float weight [K, N] the engine computes with: (q - zp) * s per block."""
@@ -177,11 +183,89 @@ def _from_columns(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k: i
                           zero.t().contiguous().to(torch.int32), k, spec)
 
 
-def quantize_rtn(weight: torch.Tensor, spec: BlockSpec) -> BlockQuantized:
-    """Round to nearest with the block min / max (module docstring). `weight` is [K, N] (computed in its layout)."""
-    cols = _columns(weight, spec.block_size)
-    scale, zero = params_from_range(cols.amin(1), cols.amax(1), spec)  # (amin + amax: 10x aminmax on a middle dim)
-    return _from_columns(_quantize_columns(cols, scale, zero, spec), scale, zero, weight.shape[0], spec)
+def quantize_rtn(weight: torch.Tensor | np.ndarray, spec: BlockSpec, threads: int = 1) -> BlockQuantized:
+    """Round to nearest with the block min / max (module docstring). `weight` is [K, N] (a tensor or a numpy array,
+    read only). One fused pass over the weight in ~512 KB steps of whole blocks (range, scale, codes, squared error;
+    each step stays in cache) in numpy, the steps shared by `threads` threads (numpy releases the GIL; no fork-join per
+    op, so a busy machine does not stall it). Same codes for any thread count. The result carries `known_mse` (what
+    `mse(weight)` gives). Non-finite weights give non-finite scales (the caller checks)."""
+    w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+    if w.dtype != np.float32:
+        w = w.astype(np.float32)
+    k, n = w.shape
+    b = spec.block_size
+    nb = -(-k // b)
+    codes = np.empty((n, nb * b), dtype=np.uint8)
+    scales = np.empty((nb, n), dtype=np.float32)
+    zeros = np.empty((nb, n), dtype=np.int32)
+    rows = max(1, _CHUNK // (b * n))  # blocks (along K) per step
+    width = n if rows > 1 else max(1, min(n, _CHUNK // b))  # columns per step (wide weights: lm_head)
+    steps = [(i, min(nb, i + rows), c0, min(n, c0 + width)) for i in range(0, nb, rows) for c0 in range(0, n, width)]
+
+    def run(part: list[tuple[int, int, int, int]]) -> list[float]:
+        with np.errstate(invalid="ignore", over="ignore"):
+            return [_rtn_step(w, spec, step, codes, scales, zeros) for step in part]
+
+    if threads > 1 and len(steps) > 1:
+        share = -(-len(steps) // min(threads, len(steps)))
+        parts = [steps[i:i + share] for i in range(0, len(steps), share)]
+        sq_steps = [x for got in _pool(len(parts)).map(run, parts) for x in got]
+    else:
+        sq_steps = run(steps)
+    return BlockQuantized(torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(scales.T)),
+                          torch.from_numpy(np.ascontiguousarray(zeros.T)), k, spec,
+                          math.fsum(sq_steps) / max(1, k * n))
+
+
+_POOLS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of `workers` threads (made once, reused by every call)."""
+    if workers not in _POOLS:
+        _POOLS[workers] = ThreadPoolExecutor(workers, thread_name_prefix="netquant-rtn")
+    return _POOLS[workers]
+
+
+def _rtn_step(w: np.ndarray, spec: BlockSpec, step: tuple[int, int, int, int], codes: np.ndarray,
+              scales: np.ndarray, zeros: np.ndarray) -> float:
+    """RTN of blocks i..j (along K) of columns c0..c1 of `w` [K, N], written into codes [N, Kp] (transposed), scales
+    and zeros [n_blocks, N]; returns the step's sum of squared errors."""
+    i, j, c0, c1 = step
+    b, k = spec.block_size, w.shape[0]
+    part = w[i * b: min(k, j * b), c0:c1]
+    if part.shape[0] < (j - i) * b:  # the last block is zero-padded
+        part = np.concatenate([part, np.zeros(((j - i) * b - part.shape[0], c1 - c0), np.float32)])
+    cols = part.reshape(j - i, b, c1 - c0)
+    scale, zero = _params_np(cols.min(1), cols.max(1), spec)
+    t = cols / scale[:, None, :]  # w / s
+    q = np.rint(t)
+    zf = zero.astype(np.float32)[:, None, :]
+    q += zf
+    np.clip(q, 0, spec.levels, out=q)
+    t += zf
+    t -= q  # (w - w^) / s
+    t *= t
+    codes[c0:c1, i * b: j * b] = q.reshape((j - i) * b, c1 - c0).astype(np.uint8).T
+    scales[i:j, c0:c1] = scale
+    zeros[i:j, c0:c1] = zero
+    return float(np.einsum("ij,ij->", t.sum(1, dtype=np.float64), scale.astype(np.float64) ** 2))
+
+
+def _params_np(lo: np.ndarray, hi: np.ndarray, spec: BlockSpec) -> tuple[np.ndarray, np.ndarray]:
+    """`params_from_range` (clip 1) in numpy: scale (float32, 1 for all-zero blocks) and zero point (int32)."""
+    if spec.symmetric:
+        amax = np.maximum(hi, -lo)
+        scale = np.where(-lo > hi, amax / np.float32(spec.offset), amax / np.float32(spec.offset - 1))
+        zero = np.full(scale.shape, spec.offset, dtype=np.int32)
+    else:
+        lo = np.minimum(lo, 0)
+        hi = np.maximum(hi, 0)
+        scale = (hi - lo) / np.float32(spec.levels)
+        safe = np.where(scale > 0, scale, np.float32(1))
+        zero = np.clip(np.rint(-lo / safe), 0, spec.levels).astype(np.int32)
+    scale = np.where(scale == 0, np.float32(1), scale).astype(np.float32)  # NaN stays NaN (caller checks)
+    return scale, zero
 
 
 def _clip_search_columns(cols: torch.Tensor, spec: BlockSpec, grid: int, min_ratio: float,
@@ -294,7 +378,11 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
         return codes
     if codes.shape[-1] % 2:
         codes = torch.nn.functional.pad(codes, (0, 1))
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    if sys.byteorder != "little":
+        return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    # each pair (lo, hi) read as one little-endian uint16 v = lo + 256 hi: the low byte of v | v >> 4 is lo | hi << 4
+    v = np.ascontiguousarray(codes.numpy()).view(np.uint16)
+    return torch.from_numpy((v | (v >> 4)).astype(np.uint8))
 
 
 def unpack_codes(packed: torch.Tensor, bits: int, k: int) -> torch.Tensor:

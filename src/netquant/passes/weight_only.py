@@ -18,6 +18,7 @@ import enum
 import math
 import os
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,7 +42,7 @@ from netquant.graph.weights import (
     find_embedding_gathers,
     find_weight_matmuls,
 )
-from netquant.platforms.threads import apply_to_session_options
+from netquant.platforms.threads import apply_to_session_options, scoped_threads
 
 Feeds = dict[str, np.ndarray]
 _NORM_SCALE_INPUT = {("", "LayerNormalization"): (1, 2), ("", "SimplifiedLayerNormalization"): (1, None),
@@ -136,8 +137,8 @@ class OrtModelSession:
     intermediate tensors as outputs. `prepack=False` skips onnxruntime's weight prepacking (a pass over every MatMul
     weight at session creation, 15x the rest of it on an LLM: worth it only for many runs; same outputs)."""
 
-    def __init__(self, model: onnx.ModelProto, base_dir: Path, outputs: Sequence[str] = (), prepack: bool = True
-                 ) -> None:
+    def __init__(self, model: onnx.ModelProto, base_dir: Path, outputs: Sequence[str] = (), prepack: bool = True,
+                 threads: int | None = None) -> None:
         import onnxruntime as ort
 
         probe = onnx.ModelProto()
@@ -149,6 +150,8 @@ class OrtModelSession:
         opts = ort.SessionOptions()
         opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         apply_to_session_options(opts)  # the thread_scope's threads, if any
+        if threads is not None:
+            opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         opts.add_session_config_entry("session.model_external_initializers_file_folder_path", str(base_dir))
         if not prepack:
             opts.add_session_config_entry("session.disable_prepacking", "1")
@@ -159,6 +162,51 @@ class OrtModelSession:
 
     def close(self) -> None:
         del self.session
+
+
+OVERLAP_BYTES = 512 << 20  # weights up to this size: the FP32 reference runs beside the quantization
+
+
+def weight_bytes(model: onnx.ModelProto) -> int:
+    """Bytes of the model's initializers (external ones by their recorded length), without reading them."""
+    total = 0
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            total += int({e.key: e.value for e in t.external_data}.get("length", 0))
+        else:
+            total += t.ByteSize()
+    return total
+
+
+class ReferenceRuns:
+    """The FP32 model's outputs on the validation feeds (onnxruntime). The session is made at once (from the model as
+    it is now: AWQ edits the proto later); a model with weights up to OVERLAP_BYTES runs it on one background thread
+    while the codes are chosen (onnxruntime releases the GIL: on a machine with a free core the validation costs no
+    wall time), a larger one runs it at once and frees the session before quantizing (one copy of the weights in
+    memory at a time). `result()` waits for the outputs."""
+
+    def __init__(self, model: onnx.ModelProto, base_dir: Path, names: Sequence[str], feeds: Sequence[Feeds],
+                 prepack: bool) -> None:
+        background = weight_bytes(model) <= OVERLAP_BYTES
+        session = OrtModelSession(model, base_dir, prepack=prepack, threads=1 if background else None)
+        names, feeds = list(names), list(feeds)
+
+        def run() -> list[list[np.ndarray]]:
+            try:
+                return [session.run(names, f) for f in feeds]
+            finally:
+                session.close()
+
+        if background:
+            pool = ThreadPoolExecutor(1, thread_name_prefix="netquant-reference")
+            self._future: Future[list[list[np.ndarray]]] | None = pool.submit(run)
+            pool.shutdown(wait=False)
+            self._outputs: list[list[np.ndarray]] = []
+        else:
+            self._future, self._outputs = None, run()
+
+    def result(self) -> list[list[np.ndarray]]:
+        return self._future.result() if self._future is not None else self._outputs
 
 
 def collect_input_statistics(model: onnx.ModelProto, base_dir: Path, targets: list[WeightMatMul],
@@ -180,12 +228,27 @@ def collect_input_statistics(model: onnx.ModelProto, base_dir: Path, targets: li
     return stats
 
 
+def _non_finite(target: WeightMatMul) -> DataError:
+    return DataError(f"weight '{target.weight}' of node '{target.node.name}' holds NaN or Inf; fix the model "
+                     "or exclude the node (exclude=['name:...'])")
+
+
 def _weight_kn(reader: ExternalDataReader, tensor: onnx.TensorProto, target: WeightMatMul) -> torch.Tensor:
     w = torch.from_numpy(np.array(reader.array(tensor), dtype=np.float32))
     if not math.isfinite(float(w.sum())) and not bool(torch.isfinite(w).all()):  # a finite sum: all finite
-        raise DataError(f"weight '{target.weight}' of node '{target.node.name}' holds NaN or Inf; fix the model "
-                        "or exclude the node (exclude=['name:...'])")
+        raise _non_finite(target)
     return w.t() if target.transposed else w
+
+
+def _rtn_from_file(reader: ExternalDataReader, tensor: onnx.TensorProto, target: WeightMatMul, spec: BlockSpec
+                   ) -> BlockQuantized:
+    """RTN codes of a weight read in place from its (memory-mapped) data: no copy, no separate finiteness pass (a NaN
+    or Inf weight makes its block's scale non-finite)."""
+    w = reader.array(tensor)
+    bq = quantize_rtn(w.T if target.transposed else w, spec, scoped_threads() or 1)
+    if not bool(np.isfinite(bq.scales.numpy()).all()):
+        raise _non_finite(target)
+    return bq
 
 
 def _fold_or_mul(model: onnx.ModelProto, reader: ExternalDataReader, activation: str, group: list[WeightMatMul],
@@ -317,11 +380,7 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
                                          config.algorithm is WeightAlgorithm.GPTQ, progress)
     # a few runs: prepacking costs more than it saves (outputs equal to ~1e-7 relative; the mixed int4 / int8 search
     # compares candidates against this reference, so it keeps onnxruntime's default)
-    session = OrtModelSession(model, source.parent, prepack=config.max_loss is not None)
-    try:
-        reference = [session.run(output_names, f) for f in feeds[:4]]
-    finally:
-        session.close()
+    reference_runs = ReferenceRuns(model, source.parent, output_names, feeds[:4], prepack=config.max_loss is not None)
     inits = {t.name: t for t in model.graph.initializer}
     consumers = consumers_of(model)
     quantized: dict[int, tuple[BlockQuantized, float, torch.Tensor]] = {}
@@ -354,6 +413,15 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
     records: list[LayerRecord] = []
     spec8 = BlockSpec(8, spec.block_size, spec.symmetric)
     for i, t in enumerate(targets):
+        rtn_only = id(t.node) in heads or config.algorithm is WeightAlgorithm.RTN
+        if rtn_only and config.max_loss is None and t.weight not in overrides and id(t.node) not in quantized:
+            bq = _rtn_from_file(reader, inits[t.weight], t, head_spec if id(t.node) in heads else spec)
+            codes[id(t.node)] = bq
+            records.append(LayerRecord(t.node.name, t.weight, t.k, t.n, float(bq.known_mse or 0.0), None,
+                                       bits=bq.spec.bits))
+            if progress:
+                progress(f"quantized {i + 1}/{len(targets)}: {t.node.name or t.weight}")
+            continue
         w = overrides.pop(t.weight) if t.weight in overrides else _weight_kn(reader, inits[t.weight], t)
         if id(t.node) in quantized:
             bq, awq_alpha, awq_scale = quantized.pop(id(t.node))
@@ -371,7 +439,7 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
                 bq = quantize_hqq(w, spec)
             else:
                 bq = quantize_rtn(w, spec)
-            mse = bq.mse(w)
+            mse = bq.known_mse if bq.known_mse is not None else bq.mse(w)
         codes[id(t.node)] = bq
         record = LayerRecord(t.node.name, t.weight, t.k, t.n, mse, alpha, bits=bq.spec.bits)
         if config.max_loss is not None:
@@ -383,6 +451,7 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
         if progress:
             progress(f"quantized {i + 1}/{len(targets)}: {t.node.name or t.weight}")
     embeddings = _embedding_codes(model, reader, config, patterns, records) if config.embeddings else []
+    reference = reference_runs.result()
     return WeightOnlyPlan(model, source, reader, targets, codes, wide, embeddings, records, skipped, feeds, reference)
 
 
@@ -395,12 +464,17 @@ def _embedding_codes(model: onnx.ModelProto, reader: ExternalDataReader, config:
     for g in find_embedding_gathers(model):
         if any(p.matches(g.node.name) or p.matches(g.table) for p in patterns):
             continue
-        table = torch.from_numpy(np.array(reader.array(inits[g.table]), dtype=np.float32))
-        if not math.isfinite(float(table.sum())) and not bool(torch.isfinite(table).all()):
-            raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
-        quantize = quantize_hqq if config.algorithm is WeightAlgorithm.HQQ else quantize_rtn
-        bq = quantize(table.t(), config.head_spec)
-        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab,
-                                   bq.mse(table.t()), bits=bq.spec.bits))
+        if config.algorithm is WeightAlgorithm.HQQ:
+            table = torch.from_numpy(np.array(reader.array(inits[g.table]), dtype=np.float32))
+            if not math.isfinite(float(table.sum())) and not bool(torch.isfinite(table).all()):
+                raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
+            bq = quantize_hqq(table.t(), config.head_spec)
+            mse = bq.mse(table.t())
+        else:  # RTN straight from the mapped data (a NaN or Inf row makes its scale non-finite)
+            bq = quantize_rtn(reader.array(inits[g.table]).T, config.head_spec, scoped_threads() or 1)
+            if not bool(np.isfinite(bq.scales.numpy()).all()):
+                raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
+            mse = float(bq.known_mse or 0.0)
+        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab, mse, bits=bq.spec.bits))
         found.append((g, bq))
     return found
