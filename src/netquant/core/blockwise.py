@@ -153,36 +153,6 @@ def _finish(wt_blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k:
     return BlockQuantized(codes.reshape(n, -1).to(torch.uint8), scale.to(torch.float32), zero.to(torch.int32), k, spec)
 
 
-def _columns(weight: torch.Tensor, block_size: int) -> torch.Tensor:
-    """`weight` [K, N] in float32, K zero-padded to whole blocks, viewed as [n_blocks, block_size, N]: the blocks in the
-    weight's own layout (reductions run along memory; the row layout [N, n_blocks, block_size] of a [K, N] tensor reads
-    across it and is many times slower)."""
-    k, n = weight.shape
-    w = weight.detach().to(torch.float32)
-    pad = (-k) % block_size
-    if pad:
-        w = torch.nn.functional.pad(w, (0, 0, 0, pad))
-    return w.reshape(-1, block_size, n)
-
-
-def _quantize_columns(cols: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec) -> torch.Tensor:
-    """`quantize_blocks` of [n_blocks, block_size, N] columns with scale / zero [n_blocks, N] (float codes)."""
-    q = torch.div(cols, scale.unsqueeze(1)).round_()
-    return q.add_(zero.unsqueeze(1).to(torch.float32)).clamp_(0, spec.levels)
-
-
-def _dequantize_columns(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
-    return (q - zero.unsqueeze(1).to(torch.float32)).mul_(scale.unsqueeze(1))
-
-
-def _from_columns(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, k: int, spec: BlockSpec) -> BlockQuantized:
-    """BlockQuantized (codes [N, Kp] uint8, scales / zero points [N, n_blocks]) from column-layout codes."""
-    n = q.shape[2]
-    codes = q.reshape(-1, n).to(torch.uint8).t().contiguous()  # cast in place order, then move 1-byte codes
-    return BlockQuantized(codes, scale.t().contiguous().to(torch.float32),
-                          zero.t().contiguous().to(torch.int32), k, spec)
-
-
 def quantize_rtn(weight: torch.Tensor | np.ndarray, spec: BlockSpec, threads: int = 1) -> BlockQuantized:
     """Round to nearest with the block min / max (module docstring). `weight` is [K, N] (a tensor or a numpy array,
     read only). One fused pass over the weight in ~512 KB steps of whole blocks (range, scale, codes, squared error;
@@ -268,27 +238,11 @@ def _params_np(lo: np.ndarray, hi: np.ndarray, spec: BlockSpec) -> tuple[np.ndar
     return scale, zero
 
 
-def _clip_search_columns(cols: torch.Tensor, spec: BlockSpec, grid: int, min_ratio: float,
-                         imp: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scale / zero [n_blocks, N] of `quantize_clip_search` on [n_blocks, block_size, N] columns."""
-    lo, hi = cols.amin(1), cols.amax(1)
-    best_scale, best_zero = params_from_range(lo, hi, spec)
-    best_err = _column_error(cols, best_scale, best_zero, spec, imp)
-    for ratio in torch.linspace(1.0, min_ratio, grid).tolist()[1:]:
-        scale, zero = params_from_range(lo, hi, spec, ratio)
-        err = _column_error(cols, scale, zero, spec, imp)
-        better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        best_scale = torch.where(better, scale, best_scale)
-        best_zero = torch.where(better, zero, best_zero)
-    return best_scale, best_zero
-
-
 def quantize_clip_search(weight: torch.Tensor, spec: BlockSpec, grid: int = 20, min_ratio: float = 0.5,
                          importance: torch.Tensor | None = None) -> BlockQuantized:
     """RTN with each block's range shrunk by the clip ratio c in linspace(1, min_ratio, grid) that minimizes the block's
     squared error sum_k imp_k (w_k - w^_k)^2; `importance` [K] weights the input channels (e.g. mean x_k^2), 1 if None.
-    (Row layout: GPTQ calls it on small column groups; HQQ uses `_clip_search_columns`.)"""
+    (Row layout: GPTQ calls it on small column groups.)"""
     wt = pad_rows(weight.detach().to(torch.float32).t(), spec.block_size)
     n = wt.shape[0]
     blocks = wt.reshape(n, -1, spec.block_size)
@@ -315,59 +269,115 @@ def _block_error(blocks: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, 
     return (d if imp is None else d * imp).sum(-1)
 
 
-def _column_error(cols: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: BlockSpec,
-                  imp: torch.Tensor | None) -> torch.Tensor:
-    """sum_k imp_k (w_k - w^_k)^2 per block [n_blocks, N] (imp = 1 when None)."""
-    d = _dequantize_columns(_quantize_columns(cols, scale, zero, spec), scale, zero).sub_(cols)
-    d.mul_(d)
-    return (d if imp is None else d.mul_(imp)).sum(1)
+def quantize_hqq(weight: torch.Tensor | np.ndarray, spec: BlockSpec, iters: int = 5, p: float = 0.7,
+                 beta: float = 10.0, kappa: float = 1.01, threads: int = 1) -> BlockQuantized:
+    """Half-quadratic quantization (HQQ, Badri & Shaji 2023): asymmetric codes whose per-block scale and integer zero
+    point are fitted to a sparsity-promoting l_p (p < 1) error, so a few large rounding errors do not set the block.
 
-
-def quantize_hqq(weight: torch.Tensor, spec: BlockSpec, iters: int = 20, p: float = 0.7, beta: float = 10.0,
-                 kappa: float = 1.01) -> BlockQuantized:
-    """HQQ-style half-quadratic refinement (Badri & Shaji 2023), started from the best clip-searched RTN.
-
-    With codes q and extra variable e (the sparse part of the error), alternate:
-        e  = shrink_p(w - (q - z) s, beta)       (generalized soft threshold of the l_p, p < 1, error)
-        z  = mean(q - (w - e) / s)                (the zero point's closed form; integer-rounded, symmetric keeps its own)
-        s  = <w - e, q - z> / <q - z, q - z>     (least-squares scale for the codes)
-        q  = clamp(round((w - e) / s) + z)
-    beta grows by kappa each step; the iterate with the lowest plain squared error ||w - w^||^2 per block is kept, and
-    the loop stops early once the total error falls by less than 0.1 % a step. The start is the clip search over
-    8 ratios in [0.72, 1]. Every block of the layer is updated at once, in the weight's [K, N] layout.
-    """
-    w = _columns(weight, spec.block_size)  # [n_blocks, block_size, N]
-    scale, zero = _clip_search_columns(w, spec, 8, 0.72, None)
-    zero_f = zero.to(torch.float32)
-    q = _quantize_columns(w, scale, zero, spec)
-    best_err = (_dequantize_columns(q, scale, zero) - w).pow_(2).sum(1)
-    best_scale, best_zero = scale.clone(), zero.clone()
-    last_total = float(best_err.sum())
-    for _ in range(iters):
-        r = w - (q - zero_f.unsqueeze(1)) * scale.unsqueeze(1)
-        mag = r.abs()
-        e = torch.sign(r) * torch.relu(mag - (1.0 / beta) * mag.clamp_min(1e-12).pow(p - 1))
-        target = w - e
-        if not spec.symmetric:
-            zero_f = (q - target / scale.unsqueeze(1)).mean(1).round().clamp(0, spec.levels)
-        centered = q - zero_f.unsqueeze(1)
-        denom = (centered * centered).sum(1)
-        new_scale = (target * centered).sum(1) / denom.clamp_min(1e-30)
-        scale = torch.where((denom > 0) & (new_scale > 0), new_scale, scale)
-        zero = zero_f.to(torch.int32)
-        q = _quantize_columns(target, scale, zero, spec)
-        err = (_dequantize_columns(q, scale, zero) - w).pow_(2).sum(1)
-        better = err < best_err
-        best_err = torch.where(better, err, best_err)
-        best_scale = torch.where(better, scale, best_scale)
-        best_zero = torch.where(better, zero, best_zero)
+    HQQ is asymmetric by construction (it moves the zero point): `spec.symmetric` is ignored and the result has
+    per-block zero points. Per block, start from asymmetric RTN (range [min(w, 0), max(w, 0)]): scale s, zero point z.
+    With u = w / s (the weights in code units, where the shrinkage threshold means the same for every block) and
+    beta_0 = `beta`, each iteration (half-quadratic splitting of min ||w - w^||_p^p with the extra variable e):
+        q  = clamp(round(u + z), 0, 2^bits - 1),   r = u - (q - z)           (the error in code units)
+        e  = sign(r) max(|r| - |r|^(p-1) / beta, 0)                          (proximal step of the l_p term)
+        z  = clamp(round(mean(q - (u - e))), 0, 2^bits - 1)                   (closed form, kept integer)
+        s  = <w - e s, q - z> / <q - z, q - z>                                (least squares for the codes)
         beta *= kappa
-        total = float(err.sum())
-        if total >= last_total * (1 - 1e-3):  # less than 0.1 % better: done
+    Each block keeps the (s, z) with the lowest sum |w - w^| it met (the start included: never worse than asymmetric
+    RTN in that measure) and stops once that error no longer falls (HQQ's stop, per block). Numpy over cache-sized
+    steps of blocks, all iterations of a step while it is in cache, the steps shared by `threads` threads: the same
+    codes for any thread count. `weight` is [K, N]; the result carries `known_mse`."""
+    spec = BlockSpec(spec.bits, spec.block_size, False)
+    w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
+    if w.dtype != np.float32:
+        w = w.astype(np.float32)
+    k, n = w.shape
+    b = spec.block_size
+    nb = -(-k // b)
+    codes = np.empty((n, nb * b), dtype=np.uint8)
+    scales = np.empty((nb, n), dtype=np.float32)
+    zeros = np.empty((nb, n), dtype=np.int32)
+    rows = max(1, _CHUNK // (b * n))
+    width = n if rows > 1 else max(1, min(n, _CHUNK // b))
+    steps = [(i, min(nb, i + rows), c0, min(n, c0 + width)) for i in range(0, nb, rows) for c0 in range(0, n, width)]
+    opts = (iters, p, beta, kappa)
+
+    def run(part: list[tuple[int, int, int, int]]) -> list[float]:
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
+            return [_hqq_step(w, spec, step, codes, scales, zeros, opts) for step in part]
+
+    if threads > 1 and len(steps) > 1:
+        share = -(-len(steps) // min(threads, len(steps)))
+        parts = [steps[i:i + share] for i in range(0, len(steps), share)]
+        sq_steps = [x for got in _pool(len(parts)).map(run, parts) for x in got]
+    else:
+        sq_steps = run(steps)
+    return BlockQuantized(torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(scales.T)),
+                          torch.from_numpy(np.ascontiguousarray(zeros.T)), k, spec,
+                          math.fsum(sq_steps) / max(1, k * n))
+
+
+def _hqq_step(w: np.ndarray, spec: BlockSpec, step: tuple[int, int, int, int], codes: np.ndarray,
+              scales: np.ndarray, zeros: np.ndarray, opts: tuple[int, float, float, float]) -> float:
+    """`quantize_hqq` of blocks i..j (along K) of columns c0..c1 of `w` [K, N] (outputs as in `_rtn_step`); returns the
+    step's sum of squared errors."""
+    iters, p, beta, kappa = opts
+    i, j, c0, c1 = step
+    b, k, levels = spec.block_size, w.shape[0], np.float32(spec.levels)
+    part = w[i * b: min(k, j * b), c0:c1]
+    if part.shape[0] < (j - i) * b:
+        part = np.concatenate([part, np.zeros(((j - i) * b - part.shape[0], c1 - c0), np.float32)])
+    cols = part.reshape(j - i, b, c1 - c0)
+    scale, zero = _params_np(cols.min(1), cols.max(1), spec)
+    z = zero.astype(np.float32)
+    best_s, best_z, best_err = scale, z, np.full(z.shape, np.inf, np.float32)
+    active = np.ones(z.shape, dtype=bool)
+    for _ in range(iters):
+        s3, z3 = scale[:, None, :], z[:, None, :]
+        u = cols / s3  # the weights in code units
+        q = u + z3
+        np.rint(q, out=q)
+        np.clip(q, 0, levels, out=q)
+        c = q - z3  # centered codes
+        r = u - c  # the error in code units
+        mag = np.abs(r)
+        err = mag.sum(1) * scale  # sum |w - w^| per block
+        better = (err < best_err) & active
+        active = better  # HQQ's stop: a block whose error no longer falls is done
+        best_err = np.where(better, err, best_err)
+        best_s = np.where(better, scale, best_s)
+        best_z = np.where(better, z, best_z)
+        if not active.any():
             break
-        last_total = total
-    return _from_columns(_quantize_columns(w, best_scale, best_zero, spec), best_scale, best_zero, weight.shape[0],
-                         spec)
+        # e = sign(r) max(|r| - |r|^(p-1) / beta, 0): the error's sparse part; w - e s is what the codes should give
+        e = np.power(mag + np.float32(1e-8), np.float32(p - 1))
+        e *= np.float32(1.0 / beta)
+        np.subtract(mag, e, out=e)
+        np.maximum(e, 0, out=e)
+        np.copysign(e, r, out=e)
+        np.subtract(u, e, out=e)  # (w - e s) / s
+        new_z = np.clip(np.rint((q - e).mean(1)), 0, levels)
+        c = q - new_z[:, None, :]
+        den = (c * c).sum(1)
+        e *= s3  # w - e s
+        new_s = (e * c).sum(1) / np.where(den > 0, den, np.float32(1))
+        z = np.where(active, new_z, z)
+        scale = np.where(active & (den > 0) & (new_s > 0), new_s, scale).astype(np.float32)
+        beta *= kappa
+    s3 = best_s[:, None, :]
+    zero = best_z.astype(np.int32)
+    q = cols / s3
+    q += best_z[:, None, :]
+    np.rint(q, out=q)
+    np.clip(q, 0, levels, out=q)
+    d = q - best_z[:, None, :]
+    d *= s3
+    d -= cols
+    d *= d
+    codes[c0:c1, i * b: j * b] = q.reshape((j - i) * b, c1 - c0).astype(np.uint8).T
+    scales[i:j, c0:c1] = best_s
+    zeros[i:j, c0:c1] = zero
+    return float(np.einsum("ij->", d.sum(1, dtype=np.float64)))
 
 
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:

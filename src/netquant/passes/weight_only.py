@@ -55,7 +55,7 @@ class WeightAlgorithm(enum.Enum):
     """How block codes are chosen."""
 
     RTN = "rtn"    # round to nearest, block min / max
-    HQQ = "hqq"    # clip search + half-quadratic scale / zero refinement (no data)
+    HQQ = "hqq"    # half-quadratic l_p fit of block scales and zero points (always asymmetric; no data)
     AWQ = "awq"    # activation-aware channel scaling (alpha searched on the output error), then RTN
     GPTQ = "gptq"  # Hessian-based error compensation
 
@@ -240,12 +240,13 @@ def _weight_kn(reader: ExternalDataReader, tensor: onnx.TensorProto, target: Wei
     return w.t() if target.transposed else w
 
 
-def _rtn_from_file(reader: ExternalDataReader, tensor: onnx.TensorProto, target: WeightMatMul, spec: BlockSpec
-                   ) -> BlockQuantized:
-    """RTN codes of a weight read in place from its (memory-mapped) data: no copy, no separate finiteness pass (a NaN
-    or Inf weight makes its block's scale non-finite)."""
+def _codes_from_file(reader: ExternalDataReader, tensor: onnx.TensorProto, target: WeightMatMul, spec: BlockSpec,
+                     hqq: bool = False) -> BlockQuantized:
+    """RTN (or HQQ) codes of a weight read in place from its (memory-mapped) data: no copy, no separate finiteness
+    pass (a NaN or Inf weight makes its block's scale non-finite)."""
     w = reader.array(tensor)
-    bq = quantize_rtn(w.T if target.transposed else w, spec, scoped_threads() or 1)
+    quantize = quantize_hqq if hqq else quantize_rtn
+    bq = quantize(w.T if target.transposed else w, spec, threads=scoped_threads() or 1)
     if not bool(np.isfinite(bq.scales.numpy()).all()):
         raise _non_finite(target)
     return bq
@@ -413,9 +414,10 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
     records: list[LayerRecord] = []
     spec8 = BlockSpec(8, spec.block_size, spec.symmetric)
     for i, t in enumerate(targets):
-        rtn_only = id(t.node) in heads or config.algorithm is WeightAlgorithm.RTN
-        if rtn_only and config.max_loss is None and t.weight not in overrides and id(t.node) not in quantized:
-            bq = _rtn_from_file(reader, inits[t.weight], t, head_spec if id(t.node) in heads else spec)
+        data_free = id(t.node) in heads or config.algorithm in (WeightAlgorithm.RTN, WeightAlgorithm.HQQ)
+        if data_free and config.max_loss is None and t.weight not in overrides and id(t.node) not in quantized:
+            hqq = config.algorithm is WeightAlgorithm.HQQ and id(t.node) not in heads
+            bq = _codes_from_file(reader, inits[t.weight], t, head_spec if id(t.node) in heads else spec, hqq)
             codes[id(t.node)] = bq
             records.append(LayerRecord(t.node.name, t.weight, t.k, t.n, float(bq.known_mse or 0.0), None,
                                        bits=bq.spec.bits))
@@ -436,7 +438,7 @@ def plan_weight_only(model: onnx.ModelProto, source: Path, config: WeightOnlyCon
                 bq = quantize_gptq(w, stats[t.activation].hessian(t.activation), spec, act_order=config.act_order,
                                    name=t.weight)
             elif config.algorithm is WeightAlgorithm.HQQ:
-                bq = quantize_hqq(w, spec)
+                bq = quantize_hqq(w, spec, threads=scoped_threads() or 1)
             else:
                 bq = quantize_rtn(w, spec)
             mse = bq.known_mse if bq.known_mse is not None else bq.mse(w)
@@ -464,17 +466,12 @@ def _embedding_codes(model: onnx.ModelProto, reader: ExternalDataReader, config:
     for g in find_embedding_gathers(model):
         if any(p.matches(g.node.name) or p.matches(g.table) for p in patterns):
             continue
-        if config.algorithm is WeightAlgorithm.HQQ:
-            table = torch.from_numpy(np.array(reader.array(inits[g.table]), dtype=np.float32))
-            if not math.isfinite(float(table.sum())) and not bool(torch.isfinite(table).all()):
-                raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
-            bq = quantize_hqq(table.t(), config.head_spec)
-            mse = bq.mse(table.t())
-        else:  # RTN straight from the mapped data (a NaN or Inf row makes its scale non-finite)
-            bq = quantize_rtn(reader.array(inits[g.table]).T, config.head_spec, scoped_threads() or 1)
-            if not bool(np.isfinite(bq.scales.numpy()).all()):
-                raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
-            mse = float(bq.known_mse or 0.0)
-        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab, mse, bits=bq.spec.bits))
+        # straight from the mapped data (a NaN or Inf row makes its scale non-finite)
+        quantize = quantize_hqq if config.algorithm is WeightAlgorithm.HQQ else quantize_rtn
+        bq = quantize(reader.array(inits[g.table]).T, config.head_spec, threads=scoped_threads() or 1)
+        if not bool(np.isfinite(bq.scales.numpy()).all()):
+            raise DataError(f"embedding table '{g.table}' holds NaN or Inf; fix the model or exclude it")
+        records.append(LayerRecord(g.node.name, g.table, g.dim, g.vocab, float(bq.known_mse or 0.0),
+                                   bits=bq.spec.bits))
         found.append((g, bq))
     return found
