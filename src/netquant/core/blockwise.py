@@ -11,7 +11,9 @@ each row cut into ceil(K / block_size) blocks along K; the last block is zero-pa
     q = clamp(round(w / s) + zp, 0, 2^bits - 1),   w ~ (q - zp) * s
 
 Stored codes are unsigned (as MatMulNBits reads them); `dequantize` gives the float weights an engine computes with.
-All-zero blocks get s = 1 (any positive scale codes zero exactly).
+All-zero blocks get s = 1 (any positive scale codes zero exactly). `quantize_rtn` applies these rules; `quantize_hqq`
+starts from the asymmetric ones and moves each block's scale and zero point (half-quadratic l_p fit);
+`quantize_clip_search` shrinks the range (GPTQ's column groups). RTN and HQQ run in numpy over cache-sized steps.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import enum
 import math
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -159,6 +162,17 @@ def quantize_rtn(weight: torch.Tensor | np.ndarray, spec: BlockSpec, threads: in
     each step stays in cache) in numpy, the steps shared by `threads` threads (numpy releases the GIL; no fork-join per
     op, so a busy machine does not stall it). Same codes for any thread count. The result carries `known_mse` (what
     `mse(weight)` gives). Non-finite weights give non-finite scales (the caller checks)."""
+    return _by_steps(weight, spec, threads, _rtn_step)
+
+
+StepFn = Callable[[np.ndarray, BlockSpec, tuple[int, int, int, int], np.ndarray, np.ndarray, np.ndarray], float]
+
+
+def _by_steps(weight: torch.Tensor | np.ndarray, spec: BlockSpec, threads: int, step_fn: StepFn) -> BlockQuantized:
+    """Run `step_fn` over cache-sized steps (~_CHUNK elements: whole blocks along K, and column ranges of wide
+    weights) of `weight` [K, N], the steps shared by `threads` threads, each writing its part of codes [N, Kp],
+    scales and zeros [n_blocks, N] and returning its squared error; the errors are summed in step order (the same
+    result for any thread count)."""
     w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
     if w.dtype != np.float32:
         w = w.astype(np.float32)
@@ -173,8 +187,8 @@ def quantize_rtn(weight: torch.Tensor | np.ndarray, spec: BlockSpec, threads: in
     steps = [(i, min(nb, i + rows), c0, min(n, c0 + width)) for i in range(0, nb, rows) for c0 in range(0, n, width)]
 
     def run(part: list[tuple[int, int, int, int]]) -> list[float]:
-        with np.errstate(invalid="ignore", over="ignore"):
-            return [_rtn_step(w, spec, step, codes, scales, zeros) for step in part]
+        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):  # non-finite weights: the caller checks
+            return [step_fn(w, spec, step, codes, scales, zeros) for step in part]
 
     if threads > 1 and len(steps) > 1:
         share = -(-len(steps) // min(threads, len(steps)))
@@ -287,34 +301,13 @@ def quantize_hqq(weight: torch.Tensor | np.ndarray, spec: BlockSpec, iters: int 
     RTN in that measure) and stops once that error no longer falls (HQQ's stop, per block). Numpy over cache-sized
     steps of blocks, all iterations of a step while it is in cache, the steps shared by `threads` threads: the same
     codes for any thread count. `weight` is [K, N]; the result carries `known_mse`."""
-    spec = BlockSpec(spec.bits, spec.block_size, False)
-    w = weight.detach().cpu().numpy() if isinstance(weight, torch.Tensor) else np.asarray(weight)
-    if w.dtype != np.float32:
-        w = w.astype(np.float32)
-    k, n = w.shape
-    b = spec.block_size
-    nb = -(-k // b)
-    codes = np.empty((n, nb * b), dtype=np.uint8)
-    scales = np.empty((nb, n), dtype=np.float32)
-    zeros = np.empty((nb, n), dtype=np.int32)
-    rows = max(1, _CHUNK // (b * n))
-    width = n if rows > 1 else max(1, min(n, _CHUNK // b))
-    steps = [(i, min(nb, i + rows), c0, min(n, c0 + width)) for i in range(0, nb, rows) for c0 in range(0, n, width)]
-    opts = (iters, p, beta, kappa)
+    options = (iters, p, beta, kappa)
 
-    def run(part: list[tuple[int, int, int, int]]) -> list[float]:
-        with np.errstate(invalid="ignore", over="ignore", divide="ignore"):
-            return [_hqq_step(w, spec, step, codes, scales, zeros, opts) for step in part]
+    def step_fn(w: np.ndarray, spec: BlockSpec, step: tuple[int, int, int, int], codes: np.ndarray,
+                scales: np.ndarray, zeros: np.ndarray) -> float:
+        return _hqq_step(w, spec, step, codes, scales, zeros, options)
 
-    if threads > 1 and len(steps) > 1:
-        share = -(-len(steps) // min(threads, len(steps)))
-        parts = [steps[i:i + share] for i in range(0, len(steps), share)]
-        sq_steps = [x for got in _pool(len(parts)).map(run, parts) for x in got]
-    else:
-        sq_steps = run(steps)
-    return BlockQuantized(torch.from_numpy(codes), torch.from_numpy(np.ascontiguousarray(scales.T)),
-                          torch.from_numpy(np.ascontiguousarray(zeros.T)), k, spec,
-                          math.fsum(sq_steps) / max(1, k * n))
+    return _by_steps(weight, BlockSpec(spec.bits, spec.block_size, False), threads, step_fn)
 
 
 def _hqq_step(w: np.ndarray, spec: BlockSpec, step: tuple[int, int, int, int], codes: np.ndarray,
