@@ -132,3 +132,17 @@ def test_layout_and_mse_match_the_row_definition() -> None:
             blocks = -(-40 // spec.block_size)
             assert a.codes.shape == (24, blocks * spec.block_size) and a.scales.shape == (24, blocks)
             assert a.mse(w) == pytest.approx(float(((a.dequantize() - w) ** 2).mean()), rel=1e-5)
+
+
+def test_rtn_steps_threads_and_known_error() -> None:
+    """The fused RTN gives the same codes, scales and error for 1 and 2 threads and for a weight split into many steps
+    (a wide weight: column ranges), its known_mse is mse(), and 4-bit packing matches pairs taken one by one."""
+    w = torch.randn(96, 5000, generator=torch.Generator().manual_seed(4))  # 96 x 5000: column-range steps at block 32
+    for spec in (BlockSpec(4, 32, True), BlockSpec(4, 32, False), BlockSpec(8, 64, True)):
+        one, two = quantize_rtn(w, spec), quantize_rtn(w.numpy(), spec, threads=2)
+        assert torch.equal(one.codes, two.codes) and torch.equal(one.scales, two.scales)
+        assert one.known_mse == two.known_mse == pytest.approx(one.mse(w), rel=1e-4)
+    codes = quantize_rtn(w, BlockSpec(4, 32, True)).codes
+    packed = pack_codes(codes, 4)
+    assert torch.equal(packed, codes[:, 0::2] | (codes[:, 1::2] << 4))
+    assert torch.equal(unpack_codes(packed, 4, codes.shape[1]), codes)

@@ -195,6 +195,22 @@ def test_without_calibration_data_the_file_is_still_checked_in_onnxruntime(tmp_p
     assert {a.i for n in model.graph.node for a in n.attribute if a.name == "accuracy_level"} == {4}
 
 
+def test_fp32_reference_beside_or_before_the_quantization_gives_the_same_file(tmp_path: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small models run the FP32 reference on a background thread while quantizing, large ones (over OVERLAP_BYTES)
+    first: the same bytes and the same onnxruntime cosines either way."""
+    import netquant.passes.weight_only as pass_module
+
+    src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
+    config = WeightOnlyConfig(4, 32, True, WeightAlgorithm.HQQ)
+    beside = quantize_weights_onnx(src, tmp_path / "a.onnx", config, token_feeds(2))
+    monkeypatch.setattr(pass_module, "OVERLAP_BYTES", 0)
+    before = quantize_weights_onnx(src, tmp_path / "b.onnx", config, token_feeds(2))
+    assert beside.cosine == before.cosine and beside.cosine["logits"] > 0.99
+    digest = [hashlib.sha256((tmp_path / f"{x}.onnx.data").read_bytes()).hexdigest() for x in "ab"]
+    assert digest[0] == digest[1]
+
+
 @pytest.mark.parametrize("fmt", list(WeightOnlyFormat))
 def test_embedding_tables_quantized_per_row_blocks(tmp_path: Path, fmt: WeightOnlyFormat) -> None:
     src = export_tiny_llama(tiny_llama(), tmp_path / "llm.onnx")
