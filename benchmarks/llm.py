@@ -270,11 +270,13 @@ def _accuracy_rows(workdir: Path, rows: list[str], model: Decoder, info: dict, t
              f"d {SMALL.dim}, {SMALL.heads} heads / {SMALL.kv_heads} KV heads, SwiGLU {SMALL.hidden}), trained "
              f"{info['steps']} steps x {info['batch']} x {info['seq']} bytes in {info['train_seconds'] / 60:.1f} min "
              f"({info['threads']} threads) on {info['corpus']}; held-out: last 5%, 64 windows of {SEQ} bytes; "
-             "calibration: 32 training windows. Symmetric int4 blocks; netquant's default keeps lm_head and the "
+             "calibration: 32 training windows. Symmetric int4 blocks (HQQ: asymmetric, with per-block zero points); netquant's default keeps lm_head and the "
              "embedding table in int8 (head_bits=8, like NNCF's default backup precision; the 'like ORT' rows quantize "
              "lm_head in int4 and keep the embedding float, as ORT's quantizer does); peers with their defaults. Every "
              f"quantizer (netquant and peers) runs with {threads} torch / onnxruntime thread(s) (netquant's thread "
-             "policy on this load), one after the other in this run.", "",
+             "policy on this load), one after the other in this run."
+             " The 'quantize s' column is one call each on a loaded host (the first netquant call, int8, also pays "
+             "the process's first-call warm-up); the alternated medians after the table are the time comparison.", "",
              "| setting | block | bits/byte | perplexity (per byte) | delta ppl vs FP32 | file MB | quantize s |",
              "|---|---|---|---|---|---|---|",
              f"| FP32 | - | {fp32:.4f} | {2 ** fp32:.4f} | - | {_mb(src)} | - |"]
