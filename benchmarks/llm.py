@@ -276,7 +276,7 @@ def _accuracy_rows(workdir: Path, rows: list[str], model: Decoder, info: dict, t
              f"quantizer (netquant and peers) runs with {threads} torch / onnxruntime thread(s) (netquant's thread "
              "policy on this load), one after the other in this run."
              " The 'quantize s' column is one call each on a loaded host (noisy: "
-             "the int8 row's 19.8 s of the committed run took 0.35 s when run alone afterwards); the alternated medians after the table are the time comparison.", "",
+             "one call per row); the alternated medians after the table are the time comparison.", "",
              "| setting | block | bits/byte | perplexity (per byte) | delta ppl vs FP32 | file MB | quantize s |",
              "|---|---|---|---|---|---|---|",
              f"| FP32 | - | {fp32:.4f} | {2 ** fp32:.4f} | - | {_mb(src)} | - |"]
