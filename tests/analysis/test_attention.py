@@ -107,3 +107,33 @@ def test_no_attention_setup_where_no_try_could_start_by_the_deadline(bert: Path)
     assert time.perf_counter() - start < 0.5 and qg.attention_rewrite is before
     got = place_attention(qg, feeds, None, 30.0, deadline=time.perf_counter() + 60.0, fp32_ms=0.01)
     assert got is not None and got.tries  # time enough: measured as before
+
+
+def test_no_setup_where_no_try_could_rewrite(bert: Path) -> None:
+    """A classifier whose only transformer op is its final Softmax, renamed by the export (Flatten -> Softmax ->
+    Reshape): no int8 try can rewrite a node (its tensors have no calibrated range), which any_static_rewrite sees
+    from the structure alone, so choose_attention measures nothing; the bound holds with the real ranges too. The
+    encoder's tries stay possible."""
+    import numpy as np
+
+    from netquant.analysis.attention import ORDER, any_static_rewrite
+    from netquant.api import zoo
+    from netquant.export.attention import apply_attention
+
+    path, _ = zoo.light_model_path("squeezenet")
+    rng = np.random.default_rng(0)
+    batches = [{"data_0": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)} for _ in range(2)]
+    q = quantize_onnx(str(path), batches, objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    kinds = find_attention_ops(base)
+    assert set(kinds.values()) == {AttnKind.SOFTMAX}
+    assert not any_static_rewrite(base, kinds, fp32)
+    ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches)
+    assert not any(apply_attention(copy.deepcopy(base), {n: m for n, k in kinds.items() if k is kind}, ranges)
+                   for kind, m in ORDER)
+    result = choose_attention(base, onnx.load(str(path)), fp32, batches[0], batches)
+    assert result.tries == [] and result.ranges == {} and result.rewrite() is None
+
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    assert any_static_rewrite(base, find_attention_ops(base), fp32)

@@ -139,7 +139,8 @@ def test_typed_facts_replace_the_info_dict() -> None:
     assert s["calibration"] == {"observed_tensors": 2, "flat_bounds": qg.calibration.flat_bounds,
                                 "executor_runs": qg.calibration.executor_runs, "stack_samples": 1,
                                 "stack_blocker": qg.calibration.stack_blocker, "engine": "executor",
-                                "engine_note": qg.calibration.engine_note, "exact_reruns": 0, "ort_runs": 0}
+                                "engine_note": qg.calibration.engine_note, "exact_reruns": 0, "ort_runs": 0,
+                                "sample_workers": 1}
     assert set(s["timings_s"]) == {*DEFAULT_NAMES, "placement", "total"}  # counts are not timings
 
 

@@ -121,8 +121,7 @@ def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
 
     model = copy.deepcopy(fp32)
     have = {o.name for o in model.graph.output}
-    values = {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input} | \
-        {o for n in model.graph.node for o in n.output}
+    values = _tensor_names(model)
     wanted = [n for n in names if n in values]
     for n in wanted:
         if n not in have:
@@ -143,6 +142,37 @@ def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
                 lo[name] = min(lo.get(name, np.inf), float(data.min()))
                 hi[name] = max(hi.get(name, -np.inf), float(data.max()))
     return {k: (lo[k], hi[k]) for k in lo}
+
+
+def _tensor_names(model: onnx.ModelProto) -> set[str]:
+    """The tensors of `model` calibrated_ranges can range: value_info, graph inputs and node outputs."""
+    return {v.name for v in model.graph.value_info} | {i.name for i in model.graph.input} | \
+        {o for n in model.graph.node for o in n.output}
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` without initializer data (names and types kept): what apply_attention reads, cheap to copy."""
+    out = onnx.ModelProto()
+    out.graph.node.extend(model.graph.node)
+    out.graph.input.extend(model.graph.input)
+    out.graph.output.extend(model.graph.output)
+    for t in model.graph.initializer:
+        out.graph.initializer.add(name=t.name, data_type=t.data_type)
+    return out
+
+
+def any_static_rewrite(base: onnx.ModelProto, kinds: Mapping[str, AttnKind], fp32: onnx.ModelProto) -> bool:
+    """Whether any int8 try of choose_attention could rewrite a node of `base`: apply_attention on a skeleton copy with
+    every tensor calibrated_ranges could range given a range (an upper bound: the real ranges are a subset, and a
+    tensor without one is left alone). False lets choose_attention skip its setup (reference, current file and range
+    runs in onnxruntime) with the same result: no try."""
+    rangeable = _tensor_names(fp32)
+    ranges = {t: (0.0, 1.0) for t in tensors_to_range(base, kinds) if t in rangeable}
+    for kind, mode in ORDER:
+        modes = {n: mode for n, k in kinds.items() if k is kind}
+        if modes and apply_attention(_skeleton(base), modes, ranges):
+            return True
+    return False
 
 
 def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]], session: Any = None) -> np.ndarray:
@@ -176,6 +206,9 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     kinds = find_attention_ops(base)
     has_dynamic = any(n.op_type == "MatMulInteger" for n in base.graph.node)
     if not kinds and not has_dynamic:
+        return result
+    if not has_dynamic and not any_static_rewrite(base, kinds, fp32):  # no try could start: the setup would be lost
+        result.seconds = time.perf_counter() - start
         return result
     ref = _outputs(reference, batches, reference_session)
     cur = base

@@ -42,6 +42,7 @@ from netquant.passes.calib_ort import (
     value_floors,
     weight_bytes,
 )
+from netquant.passes.calib_pool import SamplePool, pool_blocker
 from netquant.passes.calib_stack import (
     STACK_WORTH_BELOW,
     Extrema,
@@ -62,6 +63,7 @@ from netquant.passes.flat_ranges import FlatRanges, clip_bounds
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
+from netquant.platforms.threads import sample_workers
 
 
 def graph_state(graph: Graph) -> tuple[Any, ...]:
@@ -301,6 +303,12 @@ class CalibrationPass(PassBase):
             check_mergeable([o for _, o in observed])
             keep_outputs = keep_outputs and shard.rank == 0
         first_batches = first_samples = 0
+        pool: SamplePool | None = None  # the later batches on sample threads (passes.calib_pool)
+        pool_why: str | None = None
+
+        def pool_map(hooked: dict[str, list[tuple[int, TensorQuantConfig, Any]]]) -> dict[str, list[tuple[int, str]]]:
+            return {n: [(i, tensor_of[id(c)]) for i, c, _ in v] for n, v in hooked.items()}
+
         with torch.no_grad():
             for index, batch in enumerate(ctx.track(data, "calibrating", total=data.num_batches)):
                 if qgraph.sample_inputs is None:
@@ -369,6 +377,15 @@ class CalibrationPass(PassBase):
                     stats.executor_runs += 1
                     continue
                 if limit <= 1:
+                    if pool is None and pool_why is None:
+                        remaining = (data.num_batches or 0) - index
+                        pool_why = pool_blocker([o for _, o in observed], sample_workers(), ctx.settings.device,
+                                                shard is not None, first.run_s, remaining)
+                        if pool_why is None:
+                            pool = SamplePool(graph, pool_map(on_input), pool_map(on_output), sample_workers())
+                    if pool is not None:
+                        pool.submit(index, batch)
+                        continue
                     ex.run(batch)
                     stats.executor_runs += 1
                     continue
@@ -379,9 +396,19 @@ class CalibrationPass(PassBase):
                 if sum(map(samples_in, pending)) >= limit:
                     flush()
             flush()
+            if pool is not None:  # exact extrema (the executor's own runs): nothing undecided
+                for i, batch, got in pool.results():
+                    stats.executor_runs += 1
+                    if got is None:  # a non-finite value: the observers see the batch itself
+                        ex.run(batch)
+                        stats.executor_runs += 1
+                    else:
+                        later.add(i, got)
+                stats.sample_workers = pool.workers
             if later.per_tensor:
-                assert bits is not None  # ort_blocker: range_bits=None stays on the executor
-                self._finish_ort(ex, later, later_batches, first, delta, bits, floors, recording, silent, stats)
+                if ort is not None:
+                    assert bits is not None  # ort_blocker: range_bits=None stays on the executor
+                    self._finish_ort(ex, later, later_batches, first, delta, bits, floors, recording, silent, stats)
                 for cfg, obs in observed:
                     pairs = later.pairs(tensor_of[id(cfg)])
                     if pairs is not None:

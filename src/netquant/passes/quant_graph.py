@@ -148,6 +148,7 @@ class CalibrationCounts:
     engine_note: str = ""
     ort_runs: int = 0
     exact_reruns: int = 0
+    sample_workers: int = 1  # threads the later batches ran on, one sample each (passes.calib_pool; 1: none)
 
 
 @dataclass(frozen=True)

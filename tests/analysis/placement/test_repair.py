@@ -16,7 +16,7 @@ from netquant.analysis.placement import Placement, Reason, search_placement
 from netquant.api import quantize_onnx, zoo
 from netquant.data.ocr import cls_batch, direction_samples
 from netquant.data.text_render import make_text_lines
-from netquant.passes.settings import QuantSettings
+from netquant.passes.settings import Objective, QuantSettings
 
 # measured on this calibration set (32 lines, seed 1000): all-INT8 loss 3.14e-4 plain, 1.18e-4 with equalization,
 # 1.54e-4 with bias correction: a budget of 2e-4 is met by equalization alone
@@ -179,3 +179,47 @@ def test_effort_max_tries_smoothquant_and_adaround_after_the_cheap_repairs(cls_c
     assert len(kept) == 1 and kept[0].loss_after == min(r.loss_after for r in p.repairs) < kept[0].loss_before
     assert kept[0].loss_after == pytest.approx(p.measured["loss_all_int8"], rel=1e-4)
     assert (kept[0].loss_after <= 1e-4) == (names[-1] == kept[0].repair and not _budget_floats(p))
+
+
+def test_the_budget_reuses_the_all_int8_loss_try_repairs_measured(cls_case):
+    """try_repairs' meter and all-INT8 loss of the plain graph serve the AccuracyBudget of that graph (one meter, one
+    pass fewer): the loss is bit-identical to a fresh meter's, and it is not reused for another settings object or
+    once the graph's quantization state changed."""
+    from netquant.analysis.placement.budget import (
+        AccuracyBudget,
+        loss_meter,
+        measure_all_int8,
+        meter_loss,
+        take_all_int8,
+    )
+    from netquant.analysis.placement.measure import SearchState
+
+    q = _q(cls_case, objective=None).qgraph
+    settings = _settings(max_loss=1.0)
+    fresh = meter_loss(loss_meter(q, settings), [])
+    assert measure_all_int8(q, settings) == fresh > 0
+    assert take_all_int8(q, _settings(max_loss=1.0)) is None  # another settings object: not taken, slot emptied
+    assert take_all_int8(q, settings) is None
+    measure_all_int8(q, settings)
+    budget = AccuracyBudget(SearchState(q, settings, time.perf_counter() + 60.0), 1.0, Objective.ACCURACY)
+    assert budget.meter is not None and budget.meter.calls == 1  # the kept meter: no second pass
+    assert budget.loss(set()) == fresh
+    measure_all_int8(q, settings)
+    q.dynamic_ops = {next(iter(q.op_configs))}  # a changed quantization state: measured again
+    try:
+        assert take_all_int8(q, settings) is None
+    finally:
+        q.dynamic_ops = set()
+
+
+def test_placement_with_repairs_tried_records_the_plain_loss(cls_case):
+    """effort 'default' under a budget the plain model meets: one loss pass for the all-INT8 loss (try_repairs'),
+    the same loss a fresh meter gives."""
+    from netquant.analysis.placement.budget import loss_meter, meter_loss
+
+    qm = _q(cls_case, max_loss=1.0, effort="default")
+    p = qm.placement
+    assert p.repairs == []
+    plain = _q(cls_case, objective=None).qgraph
+    assert p.measured["loss_all_int8"] == pytest.approx(meter_loss(loss_meter(plain, _settings(max_loss=1.0)), []),
+                                                        rel=1e-5)

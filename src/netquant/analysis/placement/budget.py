@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from netquant.analysis.placement.constants import RANKED_REGIONS, SENSITIVITY_SAMPLES, WIDER_SHARE
 from netquant.analysis.placement.inputs import first_samples
@@ -52,6 +54,44 @@ def meter_loss(meter: LossMeter, regions: list) -> float:
         return meter.loss(regions)
 
 
+@dataclass(frozen=True)
+class AllInt8Loss:
+    """A meter on the budget's data (loss_meter) and its all-INT8 loss, measured on `qgraph` in quantization state
+    `state` (export.onnx_qdq.quant_state) under `settings`."""
+
+    qgraph: QuantizedGraph
+    settings: QuantSettings
+    state: tuple[Any, ...]
+    meter: LossMeter
+    loss: float
+
+
+_LAST: list[AllInt8Loss] = []  # at most one: the plain graph's, from measure_all_int8 until the budget takes it
+
+
+def measure_all_int8(qgraph: QuantizedGraph, settings: QuantSettings) -> float:
+    """The all-INT8 loss of `qgraph` on the budget's data (a new loss_meter, meter_loss(meter, [])); the meter and the
+    loss are kept for the AccuracyBudget of the same graph and settings (take_all_int8): the same model, data and
+    one torch thread give the same loss to the bit, so the budget builds no second meter and runs no second pass."""
+    from netquant.export.onnx_qdq import quant_state
+
+    meter = loss_meter(qgraph, settings)
+    loss = meter_loss(meter, [])
+    _LAST[:] = [AllInt8Loss(qgraph, settings, quant_state(qgraph), meter, loss)]
+    return loss
+
+
+def take_all_int8(qgraph: QuantizedGraph, settings: QuantSettings) -> AllInt8Loss | None:
+    """measure_all_int8's result where it was measured on this very graph (unchanged since) and settings object; the
+    slot is emptied either way."""
+    from netquant.export.onnx_qdq import quant_state
+
+    got = _LAST.pop() if _LAST else None
+    if got is None or got.qgraph is not qgraph or got.settings is not settings or got.state != quant_state(qgraph):
+        return None
+    return got
+
+
 class AccuracyBudget:
     """The accuracy budget of one search: the fake-quant loss of a float set (memoised; 0 without a budget) and the
     greedy choice of regions to float until it is within max_loss.
@@ -74,7 +114,10 @@ class AccuracyBudget:
         self.local: dict[str, float] = {}
         self.meter: LossMeter | None = None
         if max_loss is not None:
-            self.meter = loss_meter(s.qgraph, s.settings)
+            known = take_all_int8(s.qgraph, s.settings)  # try_repairs measured it already: no second meter or pass
+            self.meter = known.meter if known is not None else loss_meter(s.qgraph, s.settings)
+            if known is not None:
+                self.loss_of[frozenset()] = known.loss
 
     def loss(self, fl: set[str] | frozenset[str]) -> float:
         key = frozenset(fl)

@@ -27,7 +27,14 @@ from typing import Any
 
 import onnx
 
-from netquant.analysis.placement.budget import WideFactory, budget_data, loss_meter, meter_loss
+from netquant.analysis.placement.budget import (
+    WideFactory,
+    budget_data,
+    loss_meter,
+    measure_all_int8,
+    meter_loss,
+    take_all_int8,
+)
 from netquant.analysis.placement.constants import DEFAULT_MAX_LOSS
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import model_hash
@@ -99,7 +106,7 @@ def try_repairs(qgraph: QuantizedGraph, settings: QuantSettings, requantize: Req
     if max_loss is None or not options or not measures(qgraph):
         return qgraph, []
     data = budget_data(qgraph, settings)
-    before = meter_loss(loss_meter(qgraph, settings, data), [])
+    before = measure_all_int8(qgraph, settings)  # kept for the budget of this graph (take_all_int8)
     if before <= max_loss:
         return qgraph, []
     trials: list[RepairTrial] = []
@@ -116,6 +123,7 @@ def try_repairs(qgraph: QuantizedGraph, settings: QuantSettings, requantize: Req
     assert best is not None
     if best[0] >= _sig(before):
         return qgraph, trials
+    take_all_int8(qgraph, settings)  # the plain graph is not placed: its meter is not kept
     trials[best[1]] = dataclasses.replace(trials[best[1]], kept=True)
     return best[2], trials
 
@@ -154,6 +162,7 @@ def place_with_repair(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s
         if qgraph is not plain:
             digest = model_hash(plain)  # placement files refer to the model as given, the repair is recorded
     placement = place(qgraph, settings, elapsed_s, source=source, wide=wide)
+    take_all_int8(qgraph, settings)  # where the search built no budget, the kept meter goes now
     if placement is None:
         return None, qgraph
     placement.repairs = trials
