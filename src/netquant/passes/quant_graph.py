@@ -221,6 +221,9 @@ class QuantizedGraph:
         self.whole_model_timing: WholeModelTiming | None = None  # placement's FP32 / all-INT8 timing (api.quantize)
         self.fp32_session: FP32Session | None = None  # placement's session of the source (export.fidelity reuses it)
         self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
+        # analysis.placement.repair: (the budget's LossMeter, its all-INT8 loss) where no repair replaced this graph;
+        # the placement search's accuracy budget takes it over instead of measuring the same again
+        self.budget_meter: tuple[Any, float] | None = None
 
     @property
     def graph(self) -> Graph:

@@ -179,3 +179,28 @@ def test_effort_max_tries_smoothquant_and_adaround_after_the_cheap_repairs(cls_c
     assert len(kept) == 1 and kept[0].loss_after == min(r.loss_after for r in p.repairs) < kept[0].loss_before
     assert kept[0].loss_after == pytest.approx(p.measured["loss_all_int8"], rel=1e-4)
     assert (kept[0].loss_after <= 1e-4) == (names[-1] == kept[0].repair and not _budget_floats(p))
+
+
+def test_the_search_budget_takes_over_the_all_int8_loss_try_repairs_measured(cls_case):
+    """The all-INT8 loss within the budget: no repair is tried, and the search's accuracy budget reuses the meter and
+    loss try_repairs measured (the same graph on the same data) instead of measuring them again; a fresh meter gives
+    the same loss to the last bit."""
+    from netquant.analysis.placement.budget import AccuracyBudget, loss_meter, meter_loss
+    from netquant.analysis.placement.measure import SearchState
+    from netquant.analysis.placement.repair import try_repairs
+    from netquant.passes.settings import Objective
+
+    qg = _q(cls_case, objective=None).qgraph
+    settings = QuantSettings.from_kwargs("onnxruntime_int8", {"objective": "balanced", "max_loss": 1.0})
+
+    def no_repair(*_args):
+        raise AssertionError("within the budget: nothing is re-quantized")
+
+    got, trials = try_repairs(qg, settings, no_repair)
+    assert got is qg and trials == [] and qg.budget_meter is not None
+    meter, before = qg.budget_meter
+    assert meter.calls == 1 and 0 < before < 1.0
+    budget = AccuracyBudget(SearchState(qg, settings, time.perf_counter() + 30.0), 1.0, Objective.BALANCED)
+    assert budget.meter is meter and qg.budget_meter is None
+    assert budget.loss(set()) == before and meter.calls == 1  # not measured again
+    assert meter_loss(loss_meter(qg, settings), []) == before

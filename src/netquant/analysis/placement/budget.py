@@ -73,7 +73,10 @@ class AccuracyBudget:
         self.marginal: dict[str, Sensitivity] = {}
         self.local: dict[str, float] = {}
         self.meter: LossMeter | None = None
-        if max_loss is not None:
+        reused, s.qgraph.budget_meter = s.qgraph.budget_meter, None
+        if max_loss is not None and reused is not None:  # try_repairs' meter of this graph on the same data
+            self.meter, self.loss_of[frozenset()] = reused
+        elif max_loss is not None:
             self.meter = loss_meter(s.qgraph, s.settings)
 
     def loss(self, fl: set[str] | frozenset[str]) -> float:

@@ -166,8 +166,8 @@ def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: o
                                  max_loss: float | None, cap_s: float) -> Placement:
     """choose_dynamic, then the transformer ops by measurement (analysis.attention; recorded as
     measured['attention']), their tries started within ATTENTION_SHARE x cap_s (not measured at all where its setup
-    alone would take longer: analysis.attention.setup_estimate_s); both reuse the search's session of
-    the source (SearchState.session_of)."""
+    alone would take longer: analysis.attention.setup_estimate_s, its session build estimated by the source's); both
+    reuse the search's session of the source (SearchState.session_of)."""
     placement = choose_dynamic(s, placement, source, max_loss, cap_s)
     session = None
     if source is not None:
@@ -178,7 +178,8 @@ def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: o
     m = placement.measured
     fp32_ms = m.get("source_fp32_wall_ms", m.get("fp32_ms"))  # batch 1: the setup's estimate (place_attention)
     attention = place_attention(s.qgraph, s.feeds, source, cap_s, deadline=time.perf_counter() + ATTENTION_SHARE * cap_s,
-                                source_session=session, fp32_ms=float(fp32_ms) if fp32_ms is not None else None)
+                                source_session=session, fp32_ms=float(fp32_ms) if fp32_ms is not None else None,
+                                build_s=s.source_build_s)
     if attention is not None:
         placement.measured["attention"] = attention.as_dict()
     return placement

@@ -99,7 +99,9 @@ def try_repairs(qgraph: QuantizedGraph, settings: QuantSettings, requantize: Req
     if max_loss is None or not options or not measures(qgraph):
         return qgraph, []
     data = budget_data(qgraph, settings)
-    before = meter_loss(loss_meter(qgraph, settings, data), [])
+    meter = loss_meter(qgraph, settings, data)
+    before = meter_loss(meter, [])
+    qgraph.budget_meter = (meter, before)  # the search's budget measures this graph on the same data: reused
     if before <= max_loss:
         return qgraph, []
     trials: list[RepairTrial] = []
