@@ -11,7 +11,8 @@ quantize_dynamic (per_channel, QInt8 weights, reduce_range True and False), ORT 
 MinMax, QUInt8 activations, after quant_pre_process) and NNCF (nncf.quantize, model_type TRANSFORMER) where it imports.
 Calibration: --calib batch-1 samples. Cosine: over --eval batch-1 samples and one batch of 8. Latency: one
 onnxruntime thread, every method of a model interleaved round by round (medians), at batch 1 and batch 8; speed =
-FP32 latency / method latency. Quantization time: quantize (+ export with its validation for netquant) wall seconds.
+FP32 latency / method latency. Quantization time: quantize (+ export with its validation for netquant) wall seconds,
+every method's Python modules imported before the first is timed (warm_imports: no method pays a one-time import).
 
     python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
         [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
@@ -156,6 +157,15 @@ def nncf_transformer(case: Case, out: Path) -> str:
     return ""
 
 
+def warm_imports() -> None:
+    """Import every method's modules once, before any is timed: quantization time is the work, not Python's first
+    import of a package (about a second for netquant.api or onnxruntime.quantization, more under load)."""
+    import onnxruntime.quantization  # noqa: F401
+    import onnxruntime.quantization.shape_inference  # noqa: F401
+
+    import netquant.api  # noqa: F401
+
+
 def methods() -> list[tuple[str, Callable[[Case, Path], str]]]:
     out: list[tuple[str, Callable[[Case, Path], str]]] = [
         ("netquant default", netquant_default),
@@ -219,13 +229,15 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
            load: str) -> str:
     lines = ["# Transformer encoders: netquant default vs onnxruntime quantize_dynamic / quantize_static and NNCF", "",
              host_info(ort_threads=1).markdown(),
-             f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformer_encoders.py` ({seconds:.0f} s; "
+             f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformer_encoders.py --models {args.models} "
+             f"--forms {args.forms}` ({seconds:.0f} s; "
              f"load average {load}). Sequence {tm.SEQ} (ViT: {tm.VIT_IMAGE}x{tm.VIT_IMAGE} image, 122 tokens; "
              f"Whisper-like: {tm.WHISPER_FRAMES} mel frames -> {tm.SEQ} positions). Calibration: {args.calib} batch-1 "
              f"samples (token models: Zipf-like ids, padded rows); cosine vs the FP32 file in onnxruntime over "
              f"{args.eval} other batch-1 samples and one batch of 8. Latency: one onnxruntime intra-op thread, every "
              f"method of a model interleaved in {args.rounds} rounds ({args.repeats} runs per round at batch 1, one at "
-             "batch 8), medians; speed = FP32 / method. The machine (2 cores) is shared with other jobs: absolute "
+             "batch 8), medians; speed = FP32 / method. Quantization time: every method's modules imported before any is "
+             "timed. The machine (2 cores) is shared with other jobs: absolute "
              "times are noisy, ratios within one model and batch are the comparable numbers. Weights are random "
              "(seeded): cosine is the metric.", ""]
     for case, results in rows:
@@ -306,6 +318,7 @@ def main() -> int:
         return 0
     if args.quick:
         args.calib, args.eval, args.repeats, args.rounds = 4, 1, 1, 2
+    warm_imports()
     start = time.perf_counter()
     rows: list[tuple[Case, list[Result]]] = []
     skipped: list[str] = []
