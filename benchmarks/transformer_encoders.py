@@ -272,24 +272,45 @@ def _sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
     return header, sections
 
 
-def merge(parts: list[Path]) -> str:
-    """One results file from several runs of this script on disjoint --models (run side by side when one run does
-    not fit the time there is): the first file's header, every model section once (first seen wins), and the
-    'Not run' entries that no part ran."""
+RUN_PREFIX = "Run: "  # a merged section's first line under its title: the run its rows come from
+
+
+def _run_label(head: list[str], i: int) -> str:
+    """The run a results file's sections come from: its one run line ('onnxruntime ...; one run of `cmd` (N s;
+    load average a-b)'), shortened to the command, seconds and load; a file of several runs (merged before) names
+    none (its sections carry their own Run line where it wrote them)."""
+    runs = [x for x in head if x.startswith("onnxruntime ")]
+    if len(runs) != 1 or "one run of `" not in runs[0]:
+        return f"results file {i + 1} of the merge (a merge of earlier runs; their run lines are above)"
+    tail = runs[0].split("one run of ", 1)[1]
+    return tail.split(". ", 1)[0]
+
+
+def merge(parts: list[Path], note: str = "") -> str:
+    """One results file from several: the first file's header, every run line of the others, and every model
+    section once, from the first file that has it (list newer runs first to replace older rows); each section names
+    its run (a 'Run:' line under its title), in the order of tm.ENCODERS and tm.FORMS; 'Not run' lists what no
+    file has. note: a paragraph after the merge
+    line (e.g. which netquant version the older runs measured)."""
     header: list[str] = []
     kept: dict[str, list[str]] = {}
     not_run: list[str] = []
     for i, part in enumerate(parts):
         head, sections = _sections(part.read_text())
         # each run's own line (its seconds and load average) from the second part on
-        header = header + [x for x in head if x.startswith("onnxruntime ")] if i else head
+        header = header + [x for x in head if x.startswith("onnxruntime ") and x not in header] if i else head
+        label = _run_label(head, i)
         for title, lines in sections:
             if title == "Not run":
                 not_run += [x for x in lines if x.startswith("- ") and x not in not_run]
-            else:
-                kept.setdefault(title, lines)
-    lines = header + [f"Merged with --merge from {len(parts)} runs side by side (disjoint --models).", ""]
-    for body in kept.values():
+            elif title not in kept:
+                has_run = any(x.startswith(RUN_PREFIX) for x in lines[1:3])
+                kept[title] = lines if has_run else [lines[0], "", f"{RUN_PREFIX}{label}", *lines[1:]]
+    lines = header + [f"Merged with --merge from {len(parts)} results files: each section is taken from the first "
+                      "file that has it and names its run.", "", *([note, ""] if note else [])]
+    order = [f"{e.title}, {f}" for e in tm.ENCODERS.values() for f in tm.FORMS]  # models, then forms, as run
+    for title in sorted(kept, key=lambda t: order.index(t) if t in order else len(order)):
+        body = kept[title]
         lines += body + ([""] if body[-1] else [])
     left = [x for x in not_run if x[2:].split(": ")[0] not in kept]
     named = {x[2:].split(": ")[0] for x in left}
@@ -311,10 +332,12 @@ def main() -> int:
     ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
     ap.add_argument("--quick", action="store_true", help="small sets, results not written")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit")
+    ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit (newer "
+                    "first: a section is taken from the first file that has it)")
+    ap.add_argument("--note", default="", help="with --merge: a paragraph for the merged file's header")
     args = ap.parse_args()
     if args.merge:
-        write_text_atomic(args.out, merge(args.merge), "benchmark results")
+        write_text_atomic(args.out, merge(args.merge, args.note), "benchmark results")
         return 0
     if args.quick:
         args.calib, args.eval, args.repeats, args.rounds = 4, 1, 1, 2
