@@ -11,7 +11,8 @@ quantize_dynamic (per_channel, QInt8 weights, reduce_range True and False), ORT 
 MinMax, QUInt8 activations, after quant_pre_process) and NNCF (nncf.quantize, model_type TRANSFORMER) where it imports.
 Calibration: --calib batch-1 samples. Cosine: over --eval batch-1 samples and one batch of 8. Latency: one
 onnxruntime thread, every method of a model interleaved round by round (medians), at batch 1 and batch 8; speed =
-FP32 latency / method latency. Quantization time: quantize (+ export with its validation for netquant) wall seconds.
+FP32 latency / method latency. Quantization time: quantize (+ export with its validation for netquant) wall seconds,
+every method's Python modules imported before the first is timed (warm_imports: no method pays a one-time import).
 
     python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
         [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
@@ -156,6 +157,15 @@ def nncf_transformer(case: Case, out: Path) -> str:
     return ""
 
 
+def warm_imports() -> None:
+    """Import every method's modules once, before any is timed: quantization time is the work, not Python's first
+    import of a package (about a second for netquant.api or onnxruntime.quantization, more under load)."""
+    import onnxruntime.quantization  # noqa: F401
+    import onnxruntime.quantization.shape_inference  # noqa: F401
+
+    import netquant.api  # noqa: F401
+
+
 def methods() -> list[tuple[str, Callable[[Case, Path], str]]]:
     out: list[tuple[str, Callable[[Case, Path], str]]] = [
         ("netquant default", netquant_default),
@@ -219,13 +229,15 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
            load: str) -> str:
     lines = ["# Transformer encoders: netquant default vs onnxruntime quantize_dynamic / quantize_static and NNCF", "",
              host_info(ort_threads=1).markdown(),
-             f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformer_encoders.py` ({seconds:.0f} s; "
+             f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformer_encoders.py --models {args.models} "
+             f"--forms {args.forms}` ({seconds:.0f} s; "
              f"load average {load}). Sequence {tm.SEQ} (ViT: {tm.VIT_IMAGE}x{tm.VIT_IMAGE} image, 122 tokens; "
              f"Whisper-like: {tm.WHISPER_FRAMES} mel frames -> {tm.SEQ} positions). Calibration: {args.calib} batch-1 "
              f"samples (token models: Zipf-like ids, padded rows); cosine vs the FP32 file in onnxruntime over "
              f"{args.eval} other batch-1 samples and one batch of 8. Latency: one onnxruntime intra-op thread, every "
              f"method of a model interleaved in {args.rounds} rounds ({args.repeats} runs per round at batch 1, one at "
-             "batch 8), medians; speed = FP32 / method. The machine (2 cores) is shared with other jobs: absolute "
+             "batch 8), medians; speed = FP32 / method. Quantization time: every method's modules imported before any is "
+             "timed. The machine (2 cores) is shared with other jobs: absolute "
              "times are noisy, ratios within one model and batch are the comparable numbers. Weights are random "
              "(seeded): cosine is the metric.", ""]
     for case, results in rows:
@@ -260,24 +272,45 @@ def _sections(text: str) -> tuple[list[str], list[tuple[str, list[str]]]]:
     return header, sections
 
 
-def merge(parts: list[Path]) -> str:
-    """One results file from several runs of this script on disjoint --models (run side by side when one run does
-    not fit the time there is): the first file's header, every model section once (first seen wins), and the
-    'Not run' entries that no part ran."""
+RUN_PREFIX = "Run: "  # a merged section's first line under its title: the run its rows come from
+
+
+def _run_label(head: list[str], i: int) -> str:
+    """The run a results file's sections come from: its one run line ('onnxruntime ...; one run of `cmd` (N s;
+    load average a-b)'), shortened to the command, seconds and load; a file of several runs (merged before) names
+    none (its sections carry their own Run line where it wrote them)."""
+    runs = [x for x in head if x.startswith("onnxruntime ")]
+    if len(runs) != 1 or "one run of `" not in runs[0]:
+        return f"results file {i + 1} of the merge (a merge of earlier runs; their run lines are above)"
+    tail = runs[0].split("one run of ", 1)[1]
+    return tail.split(". ", 1)[0]
+
+
+def merge(parts: list[Path], note: str = "") -> str:
+    """One results file from several: the first file's header, every run line of the others, and every model
+    section once, from the first file that has it (list newer runs first to replace older rows); each section names
+    its run (a 'Run:' line under its title), in the order of tm.ENCODERS and tm.FORMS; 'Not run' lists what no
+    file has. note: a paragraph after the merge
+    line (e.g. which netquant version the older runs measured)."""
     header: list[str] = []
     kept: dict[str, list[str]] = {}
     not_run: list[str] = []
     for i, part in enumerate(parts):
         head, sections = _sections(part.read_text())
         # each run's own line (its seconds and load average) from the second part on
-        header = header + [x for x in head if x.startswith("onnxruntime ")] if i else head
+        header = header + [x for x in head if x.startswith("onnxruntime ") and x not in header] if i else head
+        label = _run_label(head, i)
         for title, lines in sections:
             if title == "Not run":
                 not_run += [x for x in lines if x.startswith("- ") and x not in not_run]
-            else:
-                kept.setdefault(title, lines)
-    lines = header + [f"Merged with --merge from {len(parts)} runs side by side (disjoint --models).", ""]
-    for body in kept.values():
+            elif title not in kept:
+                has_run = any(x.startswith(RUN_PREFIX) for x in lines[1:3])
+                kept[title] = lines if has_run else [lines[0], "", f"{RUN_PREFIX}{label}", *lines[1:]]
+    lines = header + [f"Merged with --merge from {len(parts)} results files: each section is taken from the first "
+                      "file that has it and names its run.", "", *([note, ""] if note else [])]
+    order = [f"{e.title}, {f}" for e in tm.ENCODERS.values() for f in tm.FORMS]  # models, then forms, as run
+    for title in sorted(kept, key=lambda t: order.index(t) if t in order else len(order)):
+        body = kept[title]
         lines += body + ([""] if body[-1] else [])
     left = [x for x in not_run if x[2:].split(": ")[0] not in kept]
     named = {x[2:].split(": ")[0] for x in left}
@@ -299,13 +332,16 @@ def main() -> int:
     ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
     ap.add_argument("--quick", action="store_true", help="small sets, results not written")
     ap.add_argument("--out", type=Path, default=RESULTS)
-    ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit")
+    ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit (newer "
+                    "first: a section is taken from the first file that has it)")
+    ap.add_argument("--note", default="", help="with --merge: a paragraph for the merged file's header")
     args = ap.parse_args()
     if args.merge:
-        write_text_atomic(args.out, merge(args.merge), "benchmark results")
+        write_text_atomic(args.out, merge(args.merge, args.note), "benchmark results")
         return 0
     if args.quick:
         args.calib, args.eval, args.repeats, args.rounds = 4, 1, 1, 2
+    warm_imports()
     start = time.perf_counter()
     rows: list[tuple[Case, list[Result]]] = []
     skipped: list[str] = []

@@ -137,3 +137,43 @@ def test_no_setup_where_no_try_could_rewrite(bert: Path) -> None:
     q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
     base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
     assert any_static_rewrite(base, find_attention_ops(base), fp32)
+
+
+def test_setup_estimate_adds_the_ranges_session_build() -> None:
+    import numpy as np
+
+    from netquant.analysis.attention import setup_estimate_s
+
+    batches = [{"ids": np.zeros((16, 32), np.int64)}, {"ids": np.zeros((16, 32), np.int64)}]
+    assert setup_estimate_s(batches, 10.0, build_s=2.5) == pytest.approx(0.96 + 2.5)
+
+
+def test_a_deadline_passed_during_the_setup_skips_the_rest_of_it(bert: Path) -> None:
+    """No try could start any more: the ranges' session (the setup's dearest part) is not built, the result is the
+    one the whole setup would have given (no tries, no modes)."""
+    import time
+
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    batches = small_bert_batches(2, seed=30)
+    result = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches, deadline=time.perf_counter())
+    assert result.tries == [] and result.modes == {} and result.ranges == {} and result.rewrite() is None
+
+
+def test_extra_outputs_appended_as_bytes_parse_to_the_model_with_those_outputs(bert: Path) -> None:
+    import numpy as np
+    import onnxruntime as ort
+
+    from netquant.analysis.attention import with_outputs
+
+    model = onnx.load(str(bert))
+    names = [model.graph.node[3].output[0], model.graph.node[7].output[0]]
+    got = onnx.load_from_string(with_outputs(model, names))
+    want = copy.deepcopy(model)
+    want.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    assert got.SerializeToString() == want.SerializeToString()
+    assert with_outputs(model, []) == model.SerializeToString()
+    sess = ort.InferenceSession(with_outputs(model, names), providers=["CPUExecutionProvider"])
+    feeds = {k: np.asarray(v) for k, v in small_bert_batches(1)[0].items()}
+    outs = sess.run(None, feeds)
+    assert [o.name for o in sess.get_outputs()][-2:] == names and len(outs) == len(model.graph.output) + 2

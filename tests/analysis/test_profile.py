@@ -75,3 +75,21 @@ def test_ort_requantizes_predicts_onnxruntimes_weight_quantization(quantized, tm
         path = tmp_path / f"{len(chosen)}.onnx"
         onnx.save(model, str(path))
         assert ort_int8_kernels(path)["QLinearConv"] == 3 - len(chosen) + len(expected)
+
+
+def test_a_kept_profiled_session_gives_a_plain_sessions_outputs_and_the_same_graph(quantized, tmp_path):
+    """keep_session: the profiled session's outputs equal a plain session's bit for bit (the dynamic step reads the
+    files' outputs from it), and the optimized graph read back without its weights (side file) is the one onnxruntime
+    ran: the same nodes and initializer names as a profile that drops its session."""
+    from netquant.analysis.profile import cpu_session
+
+    model = build_qdq_model(quantized.qgraph)[0]
+    feeds = {"x": stack_batches(1, batch=1)[0]}
+    kept = profile_onnx(model, feeds, runs=2, warmup=1, keep_session=True)
+    plain = profile_onnx(model, feeds, runs=2, warmup=1)
+    assert plain.session is None and kept.session is not None
+    assert (kept.op_types, kept.inputs, kept.outputs, kept.initializers) == \
+        (plain.op_types, plain.inputs, plain.outputs, plain.initializers)
+    assert any(op == "QLinearConv" for op in kept.op_types.values()) and kept.initializers
+    for got, want in zip(kept.session.run(None, feeds), cpu_session(model).run(None, feeds), strict=True):
+        np.testing.assert_array_equal(got, want)

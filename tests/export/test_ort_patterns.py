@@ -149,3 +149,32 @@ def test_a_bias_shared_by_matmuls_gets_one_reshaped_copy(tmp_path: Path) -> None
     for a, b in zip(_session(str(before), off).run(None, feeds), _session(str(after), off).run(None, feeds),
                     strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_gathers_of_one_int8_table_share_one_row_scale_column(tmp_path: Path) -> None:
+    """Two Gathers of one per-row int8 table (the optimizer's EmbedLayerNormalization and another Gather read the
+    word embeddings): one [V, 1] scale column, and both outputs equal to the DequantizeLinear -> Gather form."""
+    from netquant.export.ort_patterns import gather_int8_rows
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-127, 128, (50, 8)).astype(np.int8)
+    scales = (rng.uniform(0.5, 2.0, 50) * 2.0 ** -7).astype(np.float16).astype(np.float32)  # float16-exact
+    nodes = [helper.make_node("DequantizeLinear", ["codes", "scale", "zero"], ["table"], axis=0, name="dq"),
+             helper.make_node("Gather", ["table", "ids"], ["a"], axis=0, name="g1"),
+             helper.make_node("Gather", ["table", "ids2"], ["b"], axis=0, name="g2")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [4]),
+                     helper.make_tensor_value_info("ids2", TensorProto.INT64, [3])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [4, 8]),
+         helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 8])],
+        [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "scale"),
+         numpy_helper.from_array(np.zeros(50, np.int8), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"ids": np.array([0, 7, 49, 7]), "ids2": np.array([3, 3, 12])}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    assert gather_int8_rows(model) == 2
+    columns = [t for t in model.graph.initializer if list(t.dims) == [50, 1]]
+    assert len(columns) == 1 and columns[0].data_type == TensorProto.FLOAT16
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for w, g in zip(want, got, strict=True):
+        np.testing.assert_array_equal(w, g)

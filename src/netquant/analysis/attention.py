@@ -113,23 +113,29 @@ def rewrite_from_dict(data: Any, where: str) -> AttentionRewrite | None:
         raise ConfigError(f"{where}: measured.attention.rewrite is malformed ({exc}); measure again") from exc
 
 
+def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
+    """The serialized `model` with float graph outputs `names` appended, without copying the proto: protobuf parses
+    concatenated messages as one, merged (repeated fields appended), so the extra outputs are a second, small
+    ModelProto's bytes after the model's."""
+    extra = onnx.ModelProto()
+    extra.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+    return model.SerializeToString() + (extra.SerializeToString() if names else b"")
+
+
 def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
                       batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
     """(min, max) of each float tensor in `names` over `batches`, run in onnxruntime on the FP32 graph (module
     docstring: mask fills left out). Tensors the graph does not have are left out."""
     import onnxruntime as ort
 
-    model = copy.deepcopy(fp32)
-    have = {o.name for o in model.graph.output}
-    values = _tensor_names(model)
+    have = {o.name for o in fp32.graph.output}
+    values = _tensor_names(fp32)
     wanted = [n for n in names if n in values]
-    for n in wanted:
-        if n not in have:
-            model.graph.output.append(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None))
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
-    sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    sess = ort.InferenceSession(with_outputs(fp32, [n for n in wanted if n not in have]), so,
+                                providers=["CPUExecutionProvider"])
     outs = [o.name for o in sess.get_outputs()]
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
@@ -208,17 +214,22 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     if not kinds and not has_dynamic:
         return result
     if not has_dynamic and not any_static_rewrite(base, kinds, fp32):  # no try could start: the setup would be lost
-        result.seconds = time.perf_counter() - start
-        return result
+        return _finish(result, start)
+    # the setup, cheapest first; once `deadline` has passed no try can start (each checks it first), so the rest of
+    # the setup is skipped: the same (empty) result as running it all
     ref = _outputs(reference, batches, reference_session)
+    if _past(deadline):
+        return _finish(result, start)
     cur = base
     cur_loss = _loss(ref, _outputs(cur, batches))
+    if _past(deadline):
+        return _finish(result, start)
     result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
     tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
         + ([(PER_TOKEN, None)] if has_dynamic else [])  # per-token last: its elementwise chain rarely pays off
     skip: set[str] = set()
     for kind, mode in tries:
-        if kind in skip or (deadline is not None and time.perf_counter() > deadline):
+        if kind in skip or _past(deadline):
             continue
         cand = copy.deepcopy(cur)
         if mode is None:
@@ -256,28 +267,40 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
             if mode is AttnMode.STATIC:
                 result.needed.update(tensors_to_range(base, chosen))
         cur, cur_loss = cand, loss
+    return _finish(result, start)
+
+
+def _past(deadline: float | None) -> bool:
+    return deadline is not None and time.perf_counter() > deadline
+
+
+def _finish(result: AttentionPlacement, start: float) -> AttentionPlacement:
     result.seconds = time.perf_counter() - start
     return result
 
 
-def setup_estimate_s(batches: Sequence[Mapping[str, np.ndarray]], fp32_ms: float) -> float:
+def setup_estimate_s(batches: Sequence[Mapping[str, np.ndarray]], fp32_ms: float, build_s: float = 0.0) -> float:
     """Seconds choose_attention's setup takes before its first try, estimated: SETUP_PASSES x the rows of `batches`
-    (first axis of the first input) x the batch-1 ms `fp32_ms`."""
+    (first axis of the first input) x the batch-1 ms `fp32_ms`, plus `build_s`: the onnxruntime session its ranges
+    need (the FP32 model with extra outputs), as long to build as the source's was (a 300 MB encoder's takes
+    seconds, more than its runs)."""
     rows = sum(int(np.asarray(next(iter(b.values()))).shape[0]) if b and np.asarray(next(iter(b.values()))).ndim else 1
                for b in batches)
-    return SETUP_PASSES * rows * fp32_ms / 1e3
+    return SETUP_PASSES * rows * fp32_ms / 1e3 + build_s
 
 
 def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source: onnx.ModelProto | None,
                     cap_s: float, max_batches: int = 2, deadline: float | None = None,
-                    source_session: Any = None, fp32_ms: float | None = None) -> AttentionPlacement | None:
+                    source_session: Any = None, fp32_ms: float | None = None,
+                    build_s: float = 0.0) -> AttentionPlacement | None:
     """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
     against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
     validation batches, tries started within CAP_SHARE x `cap_s` seconds (or by `deadline`, perf_counter, where
     given); source_session: `source`'s onnxruntime session (one intra-op thread) where the caller holds one (placement
     does); fp32_ms: the FP32 model's batch-1 ms, where known: with `deadline`, nothing is measured (None) when the
-    setup (SETUP_PASSES runs of a model that size over the loss batches' rows: ranges, reference, current file) would
-    end past it, since no try could start; the choice is set as
+    setup (SETUP_PASSES runs of a model that size over the loss batches' rows: ranges, reference, current file; plus
+    `build_s`, the ranges' session build: setup_estimate_s) would end past it, since no try could start; the choice
+    is set as
     qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul)."""
     from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
 
@@ -285,7 +308,7 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
     if feeds is None or not batches:
         return None
     if deadline is not None and fp32_ms is not None and \
-            time.perf_counter() + setup_estimate_s(batches, fp32_ms) > deadline:
+            time.perf_counter() + setup_estimate_s(batches, fp32_ms, build_s) > deadline:
         return None
     qgraph.attention_rewrite = None
     base = build_qdq_model(qgraph)[0]

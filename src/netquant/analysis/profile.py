@@ -53,6 +53,9 @@ class OrtProfile:
     initializers: set[str]
     total_ms: float
     runs: int
+    # profile_onnx(keep_session=True): the profiled session, profiling ended (its outputs are a plain session's:
+    # profiling changes no kernel), for callers that need the model's outputs too
+    session: Any = field(default=None, compare=False, repr=False)
 
     @property
     def node_total_ms(self) -> float:
@@ -60,9 +63,10 @@ class OrtProfile:
 
 
 def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping[str, np.ndarray], *,
-                 runs: int = 20, warmup: int = 3, threads: int = 1) -> OrtProfile:
+                 runs: int = 20, warmup: int = 3, threads: int = 1, keep_session: bool = False) -> OrtProfile:
     """Profile `model` in onnxruntime (CPU provider, all graph optimizations, `threads` intra-op threads):
-    `warmup` untimed runs then `runs` timed ones; medians per node and of the whole run."""
+    `warmup` untimed runs then `runs` timed ones; medians per node and of the whole run. keep_session: the session
+    is returned in OrtProfile.session (its profiling ended) instead of being dropped."""
     import onnxruntime as ort
 
     with tempfile.TemporaryDirectory(prefix="netquant_profile_") as tmp:
@@ -76,6 +80,9 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
         so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
+        # its weights in a side file: only the graph (names, op types, wiring) is read back, not hundreds of MB
+        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
+        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tmp) / "profile")
         try:
@@ -100,7 +107,7 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
     return OrtProfile(node_ms=node_ms, op_types={n.name: n.op_type for n in g.node},
                       inputs={n.name: list(n.input) for n in g.node}, outputs={n.name: list(n.output) for n in g.node},
                       initializers={t.name for t in g.initializer}, total_ms=statistics.median(totals[warmup:] or totals),
-                      runs=runs)
+                      runs=runs, session=sess if keep_session else None)
 
 
 def cpu_session(model: onnx.ModelProto, threads: int = 1) -> Any:

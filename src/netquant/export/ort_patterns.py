@@ -108,7 +108,9 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
     Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings; the scales in float16,
     Cast to float after the Gather, where float16 holds every one exactly): the same values, but
     only the gathered rows are dequantized each run (onnxruntime does not fold a DequantizeLinear of an initializer,
-    so the first form dequantizes the whole table on every run). Returns how many Gathers were rewritten."""
+    so the first form dequantizes the whole table on every run). Gathers of one table (e.g. the word embeddings read
+    by EmbedLayerNormalization and by another Gather) share one scale column. Returns how many Gathers were
+    rewritten."""
     from onnx import numpy_helper
 
     graph = model.graph
@@ -120,6 +122,7 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
     fresh = functools.partial(claim_name, taken=taken)
 
     replaced: dict[int, list[onnx.NodeProto]] = {}
+    columns: dict[str, tuple[str, bool]] = {}  # per-row scale initializer -> (its [V, 1] column, float16)
     for gather in graph.node:
         if gather.op_type != "Gather" or gather.domain not in ("", "ai.onnx") or \
                 next((a.i for a in gather.attribute if a.name == "axis"), 0) != 0:
@@ -134,13 +137,16 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
                 next((a.i for a in dq.attribute if a.name == "axis"), 1) not in (0, -2) or \
                 (zero is not None and numpy_helper.to_array(zero).any()):
             continue
-        column = fresh(f"{scale.name}_rows")
-        values = numpy_helper.to_array(scale).astype(np.float32).reshape(-1, 1)
-        half = values.astype(np.float16)
-        exact = bool(np.isfinite(half).all() and (half.astype(np.float32) == values).all())
-        scales = numpy_helper.from_array(half if exact else values, column)  # float16 where it holds them exactly
-        graph.initializer.append(scales)
-        inits[column] = scales
+        if scale.name not in columns:  # one scale column per table, however many Gathers read it
+            column = fresh(f"{scale.name}_rows")
+            values = numpy_helper.to_array(scale).astype(np.float32).reshape(-1, 1)
+            half = values.astype(np.float16)
+            exact = bool(np.isfinite(half).all() and (half.astype(np.float32) == values).all())
+            scales = numpy_helper.from_array(half if exact else values, column)  # float16 where it holds them exactly
+            graph.initializer.append(scales)
+            inits[column] = scales
+            columns[scale.name] = column, exact
+        column, exact = columns[scale.name]
         p = gather.name or fresh("embedding")
         rows, as_float, row_scales = fresh(f"{p}/int8_rows"), fresh(f"{p}/rows"), fresh(f"{p}/row_scales")
         gathered = fresh(f"{p}/row_scales_half") if exact else row_scales

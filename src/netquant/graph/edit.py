@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -118,9 +119,11 @@ def remove_identity(graph: Graph) -> int:
 
 
 # ---------------------------------------------------------------------------- constant folding
-def fold_constants(graph: Graph) -> int:
+def fold_constants(graph: Graph, keep: Callable[[Graph, Node], bool] | None = None) -> int:
     """Evaluate nodes whose inputs are all initializers (deterministic ops, not producing graph
-    outputs); their outputs become initializers.  Returns the number of folded nodes."""
+    outputs); their outputs become initializers.  keep(graph, node): True leaves that node as it is (a caller's
+    rule, e.g. an embedding table's Gather of constant positions, which passes.embeddings stores in int8 while its
+    folded rows would stay float).  Returns the number of folded nodes."""
     # importing netquant.graph.ops (the package of .registry) registers every op
     from netquant.graph.ops.registry import OpContext, lookup_op
 
@@ -130,7 +133,8 @@ def fold_constants(graph: Graph) -> int:
     for node in list(graph.nodes):
         if (node.op_type in NONDETERMINISTIC or node.op_type in _CONTROL or list(node.subgraphs())
                 or any(graph.is_graph_output(o) for o in node.outputs)
-                or not all((not i) or i in graph.initializers for i in node.inputs)):
+                or not all((not i) or i in graph.initializers for i in node.inputs)
+                or (keep is not None and keep(graph, node))):
             continue
         if node.op_type == "Dropout" and len(node.outputs) > 1:
             continue

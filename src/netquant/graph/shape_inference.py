@@ -2,22 +2,67 @@
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 import warnings
 
 import onnx
+from google.protobuf.message import Message
 
 _PROTO_LIMIT = 2**31 - 2**20  # protobuf's 2 GiB limit, with headroom
+_STRIP_BYTES = 4096  # float initializers' payloads at least this large are left out of in-memory inference
+_FLOAT_SIZES = {onnx.TensorProto.FLOAT: 4, onnx.TensorProto.FLOAT16: 2, onnx.TensorProto.BFLOAT16: 2,
+                onnx.TensorProto.DOUBLE: 8}  # element bytes
+
+
+def _without_float_payloads(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of `model` whose float initializers of _STRIP_BYTES or more keep name, type and dims but no values
+    (None where there is none to strip). Their values decide no shape: onnx's data propagation reads integer
+    tensors (shapes, indices, axes), and every integer or small initializer is kept whole. Serializing, copying and
+    inferring then skip the weights (a transformer's hundreds of MB)."""
+    graph = model.graph
+    big = [i for i, t in enumerate(graph.initializer) if t.data_type in _FLOAT_SIZES and t.data_location !=
+           onnx.TensorProto.EXTERNAL and math.prod(t.dims) * _FLOAT_SIZES[t.data_type] >= _STRIP_BYTES]
+    if not big:
+        return None
+    light = onnx.ModelProto()
+    _copy_fields(model, light, skip="graph")
+    _copy_fields(graph, light.graph, skip="initializer")
+    stripped = set(big)
+    for i, t in enumerate(graph.initializer):
+        if i in stripped:
+            light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
+        else:
+            light.graph.initializer.add().CopyFrom(t)
+    return light
+
+
+def _copy_fields(src: Message, dst: Message, skip: str) -> None:
+    """Every set field of `src` but `skip` into `dst` (same message type)."""
+    for desc, value in src.ListFields():
+        if desc.name == skip:
+            continue
+        if desc.is_repeated:
+            getattr(dst, desc.name).extend(value)
+        elif desc.message_type is not None:
+            getattr(dst, desc.name).CopyFrom(value)
+        else:
+            setattr(dst, desc.name, value)
 
 
 def infer_model_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
     """onnx shape inference with data propagation; None (and a warning) when onnx cannot infer.
 
-    Models above the 2 GiB protobuf limit are inferred with their weights stripped (shapes of
-    initializers stay known from the dims).
+    Large float initializers are left out of the model onnx infers (_without_float_payloads: their values decide
+    no shape; it reads their dims), so a transformer's weights are neither copied nor serialized. Models still
+    above the 2 GiB protobuf limit are inferred with every payload stripped (shapes of initializers stay known from
+    the dims). Only value_info and the graph outputs of the result are meant to be read.
     """
     try:
+        light_model = _without_float_payloads(model)
+        if light_model is not None:
+            model = light_model
         if model.ByteSize() < _PROTO_LIMIT:
             return onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
         light = onnx.ModelProto()

@@ -29,7 +29,9 @@ class CleanupPass(PassBase):
         edit.constants_to_initializers(graph)
         edit.remove_identity(graph)
         if self.fold_constants:
-            edit.fold_constants(graph)
+            from netquant.passes.embeddings import embeddings_wanted, table_gather
+
+            edit.fold_constants(graph, keep=table_gather if embeddings_wanted(ctx.settings) else None)
         if self.fold_batchnorm:
             edit.fold_batchnorm(graph)
         simplified: dict[str, int] = {}

@@ -20,9 +20,11 @@ import torch
 from netquant.core.qparams import QParams, choose_qparams
 from netquant.core.spec import QuantSpec
 from netquant.core.tensor_config import QuantState, TensorQuantConfig
+from netquant.graph.ir import Graph, Node
 from netquant.graph.op_config import OpQuantConfig, TensorRole
 from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.overrides import resolve_overrides
+from netquant.passes.settings import QuantSettings
 
 EMBEDDING_MIN_ELEMENTS = 16_384  # smaller tables cost little as float, and their rows are read often
 EMBEDDING_SPEC = QuantSpec.int8_per_channel(axis=0)
@@ -41,6 +43,22 @@ def half_exact_scales(scale: torch.Tensor, amax: torch.Tensor) -> torch.Tensor:
     return up.float()
 
 
+def table_gather(graph: Graph, node: Node) -> bool:
+    """Whether `node` is a Gather (axis 0) of an embedding table this pass stores in int8: a float32 [V, D]
+    initializer of at least EMBEDDING_MIN_ELEMENTS. Clean-up leaves such a Gather unfolded where its indices are
+    constant too (positions 0..T-1): folded, its rows would be a float constant the size of the table."""
+    if node.op_type != "Gather" or int(node.attrs.get("axis", 0)) != 0 or not node.inputs:
+        return False
+    table = graph.initializers.get(node.inputs[0])
+    return table is not None and table.dtype == torch.float32 and table.dim() == 2 and \
+        table.numel() >= EMBEDDING_MIN_ELEMENTS
+
+
+def embeddings_wanted(settings: QuantSettings) -> bool:
+    """The settings' embeddings choice, else the platform's."""
+    return bool(settings.embeddings if settings.embeddings is not None else settings.platform.embeddings)
+
+
 class EmbeddingPass(PassBase):
     """Embedding tables int8 per row where the settings (or the platform) ask for it (module docstring)."""
 
@@ -50,8 +68,7 @@ class EmbeddingPass(PassBase):
 
     def run(self, ctx: PassContext) -> None:
         s = ctx.settings
-        wanted = s.embeddings if s.embeddings is not None else s.platform.embeddings
-        if not wanted:
+        if not embeddings_wanted(s):
             return
         qgraph = ctx.quantized
         graph = qgraph.graph

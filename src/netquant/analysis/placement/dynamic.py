@@ -103,8 +103,10 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
     measured = placement.measured
     chosen: list[str] = []
     if candidates:
-        p_static = profile_onnx(static, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
-        p_dynamic = profile_onnx(everything, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP)
+        # the profiled sessions are kept: where the profile sums decide, the files' outputs come from them (no
+        # second session of each; profiling changes no kernel, so the outputs are a plain session's)
+        p_static = profile_onnx(static, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP, keep_session=True)
+        p_dynamic = profile_onnx(everything, s.feeds, runs=PROFILE_RUNS, warmup=PROFILE_WARMUP, keep_session=True)
         t_static = region_times(p_static, s.nmap, s.region_of, int8)
         t_dynamic = region_times(p_dynamic, s.nmap, s.region_of, int8)
         for a in candidates:
@@ -125,8 +127,11 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
         reference = source if source is not None else fp32_onnx(qgraph)
         try:
             ref_session = s.session_of(source) if source is not None else None
+            # timed: fresh sessions for every file (as warm as each other); outputs only: the profiled ones
+            given = [p_static.session, p_dynamic.session] if by_profile else [None, None]
             outs, times = _ort_runs([reference, *models], s.feeds, min(WALL_BUDGET_S, max(0.0, deadline - time.perf_counter())),
-                                    timed_from=1, sessions=[ref_session] + [None] * len(models), timed=not by_profile)
+                                    timed_from=1, sessions=[ref_session, *given] + [None] * (len(models) - 2),
+                                    timed=not by_profile)
         except Exception as exc:  # the source does not run in onnxruntime: no confirmation, stay static
             note, chosen = f"dynamic regions not confirmed ({str(exc).splitlines()[0][:120]}): static kept", []
         else:
@@ -156,6 +161,8 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
         note, chosen = ("dynamic regions not confirmed (time cap): static kept" if candidates else ""), []
     for a in chosen:
         decisions[a].decision, decisions[a].reason = DYNAMIC, reason
+    if candidates:  # the profiled sessions are not needed any more
+        p_static.session = p_dynamic.session = None
     qgraph.dynamic_ops = set(chosen)
     measured.update({"dynamic_regions": len(chosen), "dynamic_s": round(time.perf_counter() - t0, 4)})
     placement.note = "; ".join(filter(None, [placement.note, note]))
@@ -166,8 +173,8 @@ def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: o
                                  max_loss: float | None, cap_s: float) -> Placement:
     """choose_dynamic, then the transformer ops by measurement (analysis.attention; recorded as
     measured['attention']), their tries started within ATTENTION_SHARE x cap_s (not measured at all where its setup
-    alone would take longer: analysis.attention.setup_estimate_s); both reuse the search's session of
-    the source (SearchState.session_of)."""
+    alone would take longer: analysis.attention.setup_estimate_s, its session build estimated by the source's); both
+    reuse the search's session of the source (SearchState.session_of)."""
     placement = choose_dynamic(s, placement, source, max_loss, cap_s)
     session = None
     if source is not None:
@@ -178,7 +185,8 @@ def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: o
     m = placement.measured
     fp32_ms = m.get("source_fp32_wall_ms", m.get("fp32_ms"))  # batch 1: the setup's estimate (place_attention)
     attention = place_attention(s.qgraph, s.feeds, source, cap_s, deadline=time.perf_counter() + ATTENTION_SHARE * cap_s,
-                                source_session=session, fp32_ms=float(fp32_ms) if fp32_ms is not None else None)
+                                source_session=session, fp32_ms=float(fp32_ms) if fp32_ms is not None else None,
+                                build_s=s.source_build_s)
     if attention is not None:
         placement.measured["attention"] = attention.as_dict()
     return placement

@@ -66,13 +66,16 @@ class SearchState:
         self.built: dict[frozenset[str], onnx.ModelProto] = {}
         self.source: onnx.ModelProto | None = None
         self.source_session: Any = None
+        self.source_build_s = 0.0  # seconds session_of took to serialize the source and build its session
 
     def session_of(self, source: onnx.ModelProto) -> Any:
         """The onnxruntime session (WALL_THREADS threads) of the user's FP32 model, built once per search and kept on
         the quantized graph (QuantizedGraph.fp32_session) for export.fidelity's FP32 reference; ExportError when it
         does not load."""
         if self.source is not source or self.source_session is None:
+            t = time.perf_counter()
             self.source_session, self.source = cpu_session(source, WALL_THREADS), source
+            self.source_build_s = time.perf_counter() - t
             self.qgraph.fp32_session = FP32Session(source, WALL_THREADS, self.source_session)
         return self.source_session
 
