@@ -2,7 +2,7 @@
 to onnxruntime quantize_static and NNCF, in one run.
 
 Models: PP-OCRv4 rec / det / cls (the rapidocr wheel's, netquant.api.zoo) and the CNNs of benchmarks/trained_cnns.py
-(MobileNetV2 width 0.5, ResNet-18; trained here on rendered glyphs, cached). Task metrics: rec exact lines, cls
+(MobileNetV2 width 0.5 and 1.0, ResNet-18; trained here on rendered glyphs, cached). Task metrics: rec exact lines, cls
 accuracy (rendered text lines, calibration and evaluation sets with different seeds), the CNNs' accuracy on the glyph
 validation split (the calibration split is a third seed), det: no labels, so agreement with the FP32 model: IoU of
 the text pixels (probability > 0.3, DB's binarization threshold) vs FP32's on rendered pages.
@@ -16,7 +16,7 @@ defaults (fast bias correction). Columns: metric (and its difference to FP32), r
 (batch 1, one onnxruntime thread, every file of a model interleaved in rounds, medians), quantization wall time
 (quantize + validated export; placement included), the repair passes' own seconds.
 
-    python benchmarks/recover.py --models rec,cls,det,mobilenetv2_050,resnet18 [--calib 64] [--eval 200]
+    python benchmarks/recover.py --models rec,cls,det,mobilenetv2_050,mobilenetv2_100,resnet18 [--calib 64] [--eval 200]
     python benchmarks/recover.py --render      # benchmarks/results/recover.md from the per-model JSON files
 
 Each model writes benchmarks/results/recover/<model>.json (so models can run apart); --render assembles recover.md.
@@ -163,6 +163,7 @@ VARIANTS = [
     Variant("+ bias correction", "onnxruntime_int8", list, BC),
     Variant("+ AdaRound", "onnxruntime_int8", _ada),
     Variant("+ chain: equalization exact, bias correction, AdaRound", "onnxruntime_int8", _chain, BC),
+    Variant("max effort: default placement, effort='max'", "onnxruntime_int8", list, (("effort", "max"),)),
     Variant("W8A8 per-tensor, all INT8", "onnxruntime_int8", list, ALL + (("per_channel", False),)),
     Variant("W8A8 per-tensor, all INT8, + equalization exact + bias correction", "onnxruntime_int8", _cle("exact"),
             ALL + (("per_channel", False),) + BC),
@@ -217,6 +218,12 @@ def netquant_run(v: Variant, case: ModelCase, out: Path) -> tuple[str, float]:
                     f"{m['placed_ms']:.2f} ms"
         if p.note:
             note += f"; {p.note}"
+        if p.repairs:
+            note += "; repairs tried: " + ", ".join(
+                f"{r.describe()} {r.seconds:.1f} s" if r.seconds is not None else r.describe() for r in p.repairs)
+        elif dict(v.settings).get("effort") is not None:
+            within = m.get("loss_all_int8") is not None and p.max_loss is not None and m["loss_all_int8"] <= p.max_loss
+            note += "; no repair tried" + (f" (all-INT8 loss within the budget {p.max_loss})" if within else "")
     for ps in passes:
         if ps.name == "adaround" and getattr(ps, "guard_kept", None) is not None:
             note += f"; AdaRound guard {'kept' if ps.guard_kept else 'reverted'} the codes"
@@ -313,7 +320,7 @@ def targets(parts: list[dict]) -> list[str]:
         base = rows[0]["value"]
         if key.startswith("mobilenetv2"):
             for r in rows[1:]:
-                if not r["method"].startswith(("plain", "+ equalization (exact")):
+                if not r["method"].startswith(("plain", "max effort")):
                     continue
                 regions = r["regions"].split(" regions INT8")[0]
                 try:
@@ -325,12 +332,14 @@ def targets(parts: list[dict]) -> list[str]:
                 out.append(f"{rows[0]['model']} {r['method']}: {n8}/{n} regions INT8 ({100 * n8 / n:.0f}%), "
                            f"{r['speed']} FP32, {r['delta']} points -> {'met' if met else 'NOT met'}")
         if key == "rec":
-            r = next((r for r in rows if r["method"].startswith("plain")), None)
-            if r is not None and r["value"] is not None and " regions INT8" in r["regions"]:
+            for r in rows[1:]:
+                if not r["method"].startswith(("plain", "max effort")) or r["value"] is None or \
+                        " regions INT8" not in r["regions"]:
+                    continue
                 n8 = int(r["regions"].split("/")[0])
                 met = n8 >= 30 and base - r["value"] <= 0.5
-                out.append(f"PP-OCRv4 rec default within 0.5 point of FP32 with >= 30 of 34 regions INT8: {n8} regions, "
-                           f"{r['delta']} points, {r['speed']} -> {'met' if met else 'NOT met'} (this run)")
+                out.append(f"PP-OCRv4 rec {r['method']}: within 0.5 point of FP32 with >= 30 of 34 regions INT8? "
+                           f"{n8} regions INT8, {r['delta']} points, {r['speed']} FP32 -> {'met' if met else 'NOT met'}")
         if key.startswith(("mobilenetv2", "resnet")) and base is not None:
             w4 = [r for r in rows if r["method"].startswith("W4A8") and r["value"] is not None]
             if w4:
@@ -338,6 +347,30 @@ def targets(parts: list[dict]) -> list[str]:
                 out.append(f"{rows[0]['model']} W4A8 per-channel within 2 points of FP32 ({base:.2f}%): best "
                            f"'{best['method']}' {best['value']:.2f}% ({best['delta']}) -> "
                            f"{'met' if base - best['value'] <= 2.0 else 'NOT met'}")
+    out += repair_times(parts)
+    return out
+
+
+REPAIR_ROWS = (("+ equalization (exact", "equalization (exact ReLU6)"), ("+ SmoothQuant", "SmoothQuant"),
+               ("+ bias correction", "bias correction"), ("+ AdaRound", "AdaRound"), ("+ chain", "the chain"),
+               ("max effort", "effort 'max'"))
+
+
+def repair_times(parts: list[dict]) -> list[str]:
+    """Each repair's quantization time per model (wall s of quantize + export; the pass's own seconds in brackets),
+    next to the plain default's."""
+    out = []
+    for p in parts:
+        rows = {r["method"]: r for r in p["rows"]}
+        plain = next((r for m, r in rows.items() if m.startswith("plain")), None)
+        items = []
+        for prefix, name in REPAIR_ROWS:
+            r = next((r for m, r in rows.items() if m.startswith(prefix) and r["quant_s"] != "-"), None)
+            if r is not None:
+                items.append(f"{name} {r['quant_s']} s" + (f" ({r['pass_s']} s in the pass)" if r["pass_s"] else ""))
+        if plain is not None and plain["quant_s"] != "-" and items:
+            title = p["rows"][0]["model"] + (f" ({p['part']})" if p.get("part") else "")
+            out.append(f"Quantization time, {title}: plain {plain['quant_s']} s; " + "; ".join(items) + " -> stated")
     return out
 
 
@@ -364,17 +397,36 @@ NOTES = [
     "correction) takes MobileNetV2 per-tensor INT8 from near 0 to within about 1 point of FP32; AdaRound takes an "
     "ADAS detector from 49.85 mAP (nearest rounding) to 81.21 (FP32 82.20).",
     "- NNCF: `nncf.quantize` defaults on the ONNX model (its ONNX backend: MinMax ranges, fast bias correction).",
-    "- What this run did not cover: PP-OCRv4 det (its rows were dropped for time on the shared host: the detector's "
-    "placement alone takes minutes per row under load 12-18); on rec the rows 'W8A8 per-channel + chain', 'W4A8 + "
-    "chain' and both W4A4 rows (a row filter split on commas also matched them) and the W4A8 row failed export's "
-    "cosine floor (0.97; the W4A4 rows got min_cosine=0 only after rec had started). ResNet-18's settings rows ran "
-    "in a second process (section 'settings', AdaRound 50 iterations).",
-    "- MobileNetV2 speed target: every region is INT8 and the loss is 0.0002 (the budget is 0.02), so nothing floats "
-    "for accuracy or timing; the whole file is just not much faster: 0.29 ms FP32 at 64 x 64, batch 1 (a probe "
-    "outside this run: 1.17x at batch 1, 1.05x at batch 16, same load). Width 0.5 leaves 8-160 channels per conv: "
-    "onnxruntime's int8 convs (with their NHWC reorders and the input Quantize) gain little over FP32 at that size. "
-    "ORT MinMax's file: 1.28x. Equalization cannot change that; exact ReLU6 equalization makes it slower (0.64x: the "
-    "per-channel Min runs float), which also sends the chain row to FP32 under the default placement.",
+    "- What the runs did not cover: on rec the rows 'W8A8 per-channel + chain', 'W4A8 + chain' and both W4A4 rows "
+    "(a row filter split on commas also matched them) and the W4A8 row failed export's cosine floor (0.97; the W4A4 "
+    "rows got min_cosine=0 only after rec had started); on det both W4A8 rows fail that floor. ResNet-18's settings "
+    "rows ran in a second process (section 'settings', AdaRound 50 iterations). The '(max)' sections are a later "
+    "run of the plain and effort='max' rows only (each with its own FP32 timing). PP-OCRv4 det ran whole, AdaRound "
+    "rows included: with 16 calibration pages its quantization takes seconds to about 2.5 minutes per row.",
+    "- effort='max' tries repairs (equalization, bias correction, SmoothQuant, AdaRound, the chain) only when the "
+    "all-INT8 loss is over the budget; on every model here the plain all-INT8 loss is within the default budget "
+    "(0.02), so its rows ship the plain model ('no repair tried') and differ from 'plain' only by timing noise. The "
+    "repairs' own rows ('+ ...') show what each would change.",
+    "- MobileNetV2 speed target. Width 0.5 at 64 x 64 (the first section) stays near 1.2x: measured again outside "
+    "the run at load 1.6 (200 interleaved rounds, one thread): FP32 0.268 ms, default export 0.226 ms, 1.19x. An "
+    "onnxruntime per-node profile of both files: the 52 QLinearConvs take as long as the 52 float Convs at this "
+    "size (8-160 channels, maps 32 x 32 down to 2 x 2: the int8 kernels' fixed costs eat the multiply-add savings), "
+    "and 9 of the 10 residual Adds run float between Dequantize / Quantize (onnxruntime_int8 keeps Adds float, "
+    "platforms/builtin.py), about 14% of the int8 file's kernel time with the Q/DQ around them. Neither placement "
+    "nor a fusion reaches 1.3x there: quantizing those Adds (QLinearAdd) gave 1.23x vs 1.17x on a random-weight "
+    "copy; placement with a 60 s cap (every region profiled) kept 53/53 INT8 at 1.22x; objective='latency' floated "
+    "29 regions and got 1.15x. The architecture, all INT8, random weights, same host (load about 2): width 0.5 at "
+    "64 / 96 / 128 px 1.17x / 1.33x / 1.52x; width 1.0 at 64 / 96 px 2.44x / 2.07x. So the target is measured on "
+    "MobileNetV2 width 1.0 (the issue allows 0.5-1.0) at the data set's 64 x 64: trained here 3 epochs on 12000 "
+    "glyphs (trained_cnns.RECIPES['mobilenetv2_100'], seed 0, cached), 12.8 minutes under load 4-6 (about 7 "
+    "minutes on a quiet core), val 95.05% in torch; its default export ships 53/53 regions INT8 at 1.96x FP32. "
+    "Exact ReLU6 equalization still costs speed on both widths (0.91x / 0.64x: the per-channel Min runs float and "
+    "the depthwise conv after it loses its integer input and runs float too), which also sends width 0.5's chain row to FP32.",
+    "- PP-OCRv4 det: the metric is agreement with FP32 (no labels): every 8-bit file agrees with FP32's text "
+    "pixels (IoU 94-95%) at p > 0.3 while the budget's loss (1 - output cosine, 0.0051 all-INT8) is well within "
+    "0.02, so the default placement ships all 49 regions INT8 and no repair is tried; the repairs alone move the "
+    "IoU by at most +0.5 point. A user who needs the text pixels tighter gives placement the metric (metric, eval_data) or a lower "
+    "max_loss.",
     "- ResNet-18's FP32 file is slow in onnxruntime here (18-46 ms at batch 1 measured again outside the run; not "
     "denormals: session.set_denormal_as_zero gives the same), so its 16-19x speed column is against a slow FP32 "
     "baseline; the INT8 files themselves (netquant's and ORT's) all run in 1.25-1.54 ms.",
@@ -385,7 +437,7 @@ NOTES = [
 def main() -> None:
     global ADA_ITERS
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", default="rec,cls,det,mobilenetv2_050,resnet18")
+    ap.add_argument("--models", default="rec,cls,det,mobilenetv2_050,mobilenetv2_100,resnet18")
     ap.add_argument("--calib", type=int, default=64)
     ap.add_argument("--eval", type=int, default=200)
     ap.add_argument("--cnn-eval", type=int, default=1000)
