@@ -389,7 +389,8 @@ def targets(parts: list[dict]) -> list[str]:
 
 REPAIR_ROWS = (("+ equalization (exact", "equalization (exact ReLU6)"), ("+ SmoothQuant", "SmoothQuant"),
                ("+ bias correction", "bias correction"), ("+ AdaRound", "AdaRound"), ("+ chain", "the chain"),
-               ("max effort", "effort 'max'"))
+               ("max effort", "effort 'max'"),
+               *((f"budget max_loss 0.004, effort='{e}'", f"max_loss 0.004 effort '{e}'") for e in ("fast", "default", "max")))
 
 
 def repair_times(parts: list[dict]) -> list[str]:
