@@ -223,3 +223,45 @@ def test_placement_with_repairs_tried_records_the_plain_loss(cls_case):
     plain = _q(cls_case, objective=None).qgraph
     assert p.measured["loss_all_int8"] == pytest.approx(meter_loss(loss_meter(plain, _settings(max_loss=1.0)), []),
                                                         rel=1e-5)
+
+
+def _tiny_file_naming(tmp_path, repair: str):
+    """A placement file of the tiny conv_relu_gemm model whose record says it shipped with `repair` kept."""
+    from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
+
+    batches = calib_batches((2, 3, 8, 8), 2)
+    qm = quantize_onnx(conv_relu_gemm(), batches, quiet=True)
+    data = json.loads(qm.save_placement(tmp_path / "p.json").read_text())
+    data["repairs"] = [{"repair": repair, "loss_before": 0.01, "loss_after": 0.001, "kept": True, "seconds": 0.1}]
+    path = tmp_path / "named.json"
+    path.write_text(json.dumps(data))
+    return conv_relu_gemm, batches, path
+
+
+@pytest.mark.parametrize("repair", ["quantum annealing", "Equalization"])
+def test_a_placement_file_naming_an_unknown_repair_is_refused(tmp_path, repair):
+    """A kept repair this netquant does not have (a hand edit, a newer netquant's repair, a wrong case) cannot be
+    re-applied: refused with a ConfigError naming the file and the repair, never shipped without it."""
+    from netquant.errors import ConfigError, NetquantError
+
+    model, batches, path = _tiny_file_naming(tmp_path, repair)
+    with pytest.raises(ConfigError, match=rf"placement file '{re.escape(str(path))}' was made with the repair "
+                                          rf"'{repair}', which cannot be re-applied here; measure again") as info:
+        quantize_onnx(model(), batches, quiet=True, placement_from=str(path))
+    assert isinstance(info.value, NetquantError)
+
+
+def test_a_placement_file_naming_a_repair_is_refused_with_one_shot_calibration_data(tmp_path):
+    """A known repair needs the model calibrated again; calibration data given as a one-shot stream (a generator)
+    cannot be read twice, so the file that names the repair is refused instead of shipping the unrepaired model; the
+    same file with calibration batches in a list re-applies the repair."""
+    from netquant.errors import ConfigError
+
+    model, batches, path = _tiny_file_naming(tmp_path, "equalization")
+    with pytest.raises(ConfigError, match=r"was made with the repair 'equalization', which cannot be re-applied "
+                                          r"here; measure again \(drop placement_from\)") as info:
+        quantize_onnx(model(), (b for b in batches), quiet=True, placement_from=str(path))
+    assert str(path) in str(info.value)
+    again = quantize_onnx(model(), batches, quiet=True, placement_from=str(path))
+    assert again.placement.kept_repair() == "equalization"
+    assert [r.decision for r in again.placement.regions] == ["int8", "int8"]
