@@ -582,8 +582,9 @@ def main() -> None:
         load1 = os.getloadavg()
         part = {"key": key, "part": args.part, "metric": case.metric, "calib": sum(len(b["x"]) for b in case.calib),
                 "host": host_info(ort_threads=1).markdown() + f" onnxruntime {ort.__version__}.",
-                "load": f"1-minute load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; AdaRound "
-                        f"{ADA_ITERS} iterations per layer"
+                "load": f"1-minute load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end"
+                        + (f"; AdaRound {ADA_ITERS} iterations per layer"
+                           if any(k in r.method for r in rows for k in ("AdaRound", "chain", "'max'")) else "")
                         + (f"; learned scales / block reconstruction {LSQ_ITERS} iterations per block"
                            if any("learned scales" in r.method for r in rows) else ""),
                 "rows": [{k: v for k, v in asdict(r).items() if k not in ("path", "extra")} for r in rows]}
