@@ -45,6 +45,7 @@ from netquant.passes.reconstruction import (
     BlockRun,
     block_data,
     find_blocks,
+    guard_kept,
     model_error,
     output_error,
 )
@@ -252,12 +253,6 @@ def _learn_block(qgraph: QuantizedGraph, block: Block, batches: Sequence[Batch],
     return res, ([(cfg, old) for cfg, old in originals if old is not None] if kept else [])
 
 
-def _loss(run: BlockRun, x: Batch, y: Batch) -> torch.Tensor:
-    from netquant.passes.reconstruction import _rel_error
-
-    return _rel_error(run(x), y)
-
-
 @dataclass
 class LearnedScalePass(PassBase):
     """LSQ learned scales (module docstring) as a pass: `settings` (LearnedScaleSettings), `ops` (weight ops whose
@@ -279,5 +274,4 @@ class LearnedScalePass(PassBase):
         self.results, records = learn_scales(ctx.quantized, ctx.calib_data, self.settings, self.ops, ctx.track,
                                              self.name)
         ctx.repairs.extend(records)
-        guard = [r for r in records if any(k == "guard_error_learned" for k, _ in r.values)]
-        self.guard_kept = bool(dict(guard[-1].values)["kept"]) if guard else None
+        self.guard_kept = guard_kept(records)

@@ -439,6 +439,13 @@ def reconstruct(qgraph: QuantizedGraph, calib_batches: Iterable[Batch], settings
     return results, records
 
 
+def guard_kept(records: Sequence[RepairRecord]) -> bool | None:
+    """The model guard's decision in a learned pass's records (its last record with guard errors); None: no guard
+    ran."""
+    guard = [r for r in records if any(k == "guard_error_learned" for k, _ in r.values)]
+    return bool(dict(guard[-1].values)["kept"]) if guard else None
+
+
 @dataclass
 class BlockReconstructionPass(PassBase):
     """BRECQ block reconstruction (module docstring) as a pass: `settings` (ReconstructionSettings), `ops` (weight
@@ -460,5 +467,4 @@ class BlockReconstructionPass(PassBase):
         self.results, records = reconstruct(ctx.quantized, ctx.calib_data, self.settings, self.ops, ctx.track,
                                             self.name)
         ctx.repairs.extend(records)
-        guard = [r for r in records if any(k == "guard_error_learned" for k, _ in r.values)]
-        self.guard_kept = bool(dict(guard[-1].values)["kept"]) if guard else None
+        self.guard_kept = guard_kept(records)

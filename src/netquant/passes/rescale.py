@@ -225,30 +225,21 @@ class Rescaler:
             if not edits or len(node.outputs) > 1 and any(node.outputs[1:]):
                 return None
             return edits
-        if op in ("Min", "Max") and len(node.inputs) == 2:  # min(f x, f c) = f min(x, c) for f > 0
+        if op in ("Min", "Max", "Add", "Sub") and len(node.inputs) == 2:
+            # min(f x, f c) = f min(x, c) for f > 0; (f x) + (f c) = f (x + c), but for a bias Add right after a
+            # linear op only: the quantizer reads it as that op's bias; any other constant operand is quantized as
+            # a tensor of its own (per tensor), where a per-channel spread of scales would cost the small channels
+            # their precision
             consts = [i for i, name in enumerate(node.inputs) if name in g.initializers]
             if len(consts) != 1:
                 return None
             ci = consts[0]
             src = node.inputs[1 - ci]
+            if op in ("Add", "Sub"):
+                src_node = g.producer(src)
+                if src_node is None or linear_op(g, src_node) is None:
+                    return None
             if not self._single_reader(src):
-                return None
-            nc = _channel_const(g.initializers[node.inputs[ci]], f, act_axis, rank)
-            if nc is None:
-                return None
-            rest = self.plan_fold(src, f, act_axis, rank)
-            return None if rest is None else [lambda: set_input(g, node, ci, nc), *rest]
-        if op in ("Add", "Sub") and len(node.inputs) == 2:
-            # a bias Add right after a linear op only: the quantizer reads it as that op's bias; any other
-            # constant operand is quantized as a tensor of its own (per tensor), where a per-channel spread of
-            # scales would cost the small channels their precision
-            consts = [i for i, name in enumerate(node.inputs) if name in g.initializers]
-            if len(consts) != 1:
-                return None
-            ci = consts[0]
-            src = node.inputs[1 - ci]
-            src_node = g.producer(src)
-            if src_node is None or linear_op(g, src_node) is None or not self._single_reader(src):
                 return None
             nc = _channel_const(g.initializers[node.inputs[ci]], f, act_axis, rank)
             if nc is None:
