@@ -12,9 +12,12 @@ PTQ on 512 training images, then 6 epochs of LSQ QAT, Adam lr 1e-3 cosine, globa
 processes, each rank taking its share of every global batch (same optimisation up to summation order); test
 accuracy of rank 0's model, seeds 0-2.
 
-    python benchmarks/distributed_calib.py [--nprocs 1,2] [--samples 512] [--qat-seeds 0,1,2]
+    python benchmarks/distributed_calib.py [--nprocs 1,2] [--samples 512] [--qat-seeds 0,1,2] [--out FILE]
+        [--backend gloo|nccl|cpu:gloo,cuda:nccl] [--qat-device cpu|cuda]
 
-Writes benchmarks/results/distributed.md.
+Writes benchmarks/results/distributed.md (or --out). With --backend naming nccl, calibration still runs on the CPU
+(the observers' objects travel through the group); --qat-device cuda trains each rank's model on its GPU
+(rank % the GPUs there) under DDP, which nccl needs one GPU per rank for.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ def _params(qm: Any) -> dict[str, tuple[Any, Any]]:
             for i, c in enumerate(cfgs) if c is not None and c.params is not None}
 
 
-def _rank(rank: int, world: int, port: int, samples: int, observer: str, out: str) -> None:
+def _rank(rank: int, world: int, port: int, samples: int, observer: str, backend: str, out: str) -> None:
     import torch
     import torch.distributed as dist
 
@@ -55,7 +58,9 @@ def _rank(rank: int, world: int, port: int, samples: int, observer: str, out: st
     from netquant.api import zoo
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if "nccl" in backend:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world)
     try:
         qm = netquant.quantize_onnx(str(zoo.ppocr_model_path("cls")), _batches(samples), distributed=world > 1,
                                     objective=None, quiet=True, threads=1, **OBSERVERS[observer])
@@ -67,7 +72,8 @@ def _rank(rank: int, world: int, port: int, samples: int, observer: str, out: st
         dist.destroy_process_group()
 
 
-def _qat_rank(rank: int, world: int, port: int, seeds: list[int], epochs: int, out: str) -> None:
+def _qat_rank(rank: int, world: int, port: int, seeds: list[int], epochs: int, backend: str, device: str,
+              out: str) -> None:
     import time
 
     import torch
@@ -82,7 +88,9 @@ def _qat_rank(rank: int, world: int, port: int, seeds: list[int], epochs: int, o
     from qat_digits import DigitsCNN, accuracy, digits_data, netquant_ptq, train
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    if device == "cuda":
+        torch.cuda.set_device(rank % torch.cuda.device_count())
+    dist.init_process_group(backend, rank=rank, world_size=world)
     torch.set_num_threads(1)
     results = []
     try:
@@ -93,7 +101,11 @@ def _qat_rank(rank: int, world: int, port: int, seeds: list[int], epochs: int, o
             folded = nqnn.fold_batchnorm(fp32)
             q = netquant_ptq(folded, nqnn.ModelQuantConfig.w4a4(activation_observer="mse"), x_tr[:512])
             nqnn.prepare_qat(q, grad_mode=GradMode.LSQ)
-            model = DistributedDataParallel(q) if world > 1 else q
+            fp32_accuracy = accuracy(fp32, x_te, y_te)
+            if device == "cuda":
+                q = q.cuda()
+                x_tr, y_tr, x_te, y_te = x_tr.cuda(), y_tr.cuda(), x_te.cuda(), y_te.cuda()
+            model = DistributedDataParallel(q) if world > 1 or device == "cuda" else q
             gen = torch.Generator().manual_seed(seed)
             opt = torch.optim.Adam(model.parameters(), lr=1e-3)
             sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=epochs * ((len(x_tr) + 31) // 32))
@@ -108,7 +120,7 @@ def _qat_rank(rank: int, world: int, port: int, seeds: list[int], epochs: int, o
                     opt.step()
                     sched.step()
             seconds = time.perf_counter() - t0
-            results.append({"seed": seed, "fp32": accuracy(fp32, x_te, y_te), "qat": accuracy(q, x_te, y_te),
+            results.append({"seed": seed, "fp32": fp32_accuracy, "qat": accuracy(q, x_te, y_te),
                             "seconds": seconds})
         if rank == 0:
             torch.save(results, Path(out) / "qat.pt")
@@ -127,10 +139,10 @@ def _spawn(fn: Any, world: int, *args: Any) -> str:
     return tmp
 
 
-def run(world: int, samples: int, observer: str) -> list[dict[str, Any]]:
+def run(world: int, samples: int, observer: str, backend: str = "gloo") -> list[dict[str, Any]]:
     import torch
 
-    tmp = _spawn(_rank, world, samples, observer)
+    tmp = _spawn(_rank, world, samples, observer, backend)
     return [torch.load(Path(tmp) / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -145,6 +157,9 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=512)
     ap.add_argument("--qat-seeds", default="0,1,2")
     ap.add_argument("--qat-epochs", type=int, default=6)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--backend", default="gloo", help="torch.distributed backend of every group")
+    ap.add_argument("--qat-device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     os.environ["OMP_NUM_THREADS"] = "1"
     src = str(Path(__file__).resolve().parents[1] / "src")
@@ -154,7 +169,7 @@ def main() -> None:
     for observer in OBSERVERS:
         base: dict[str, Any] | None = None
         for world in map(int, args.nprocs.split(",")):
-            ranks = run(world, args.samples, observer)
+            ranks = run(world, args.samples, observer, args.backend)
             if base is None:
                 base = ranks[0]["params"]
             same = all(r["params"].keys() == base.keys() and all(
@@ -169,7 +184,8 @@ def main() -> None:
     qat_rows = []
     seeds = [int(v) for v in args.qat_seeds.split(",") if v.strip()]
     for world in map(int, args.nprocs.split(",")) if seeds else []:
-        res = torch.load(Path(_spawn(_qat_rank, world, seeds, args.qat_epochs)) / "qat.pt", weights_only=False)
+        res = torch.load(Path(_spawn(_qat_rank, world, seeds, args.qat_epochs, args.backend,
+                                             args.qat_device)) / "qat.pt", weights_only=False)
         fp32 = sum(r["fp32"] for r in res) / len(res)
         qat = sum(r["qat"] for r in res) / len(res)
         per_seed = ", ".join(f"{r['qat']:.2f}" for r in res)
@@ -177,25 +193,26 @@ def main() -> None:
                         f"| {sum(r['seconds'] for r in res) / len(res):.1f} |")
         print(qat_rows[-1], flush=True)
     load = os.getloadavg()
-    text = ("# Distributed calibration: 1 vs N processes (torch.distributed, gloo)\n\n"
+    cores = len(os.sched_getaffinity(0))
+    text = (f"# Distributed calibration: 1 vs N processes (torch.distributed, {args.backend})\n\n"
             + host_info(torch_threads=1).markdown()
             + f"\nGenerated by `benchmarks/distributed_calib.py`: PP-OCR direction classifier, {args.samples} samples "
             "in batches of 16, `quantize_onnx(..., distributed=True, objective=None, threads=1)` on every rank "
-            "(torch.multiprocessing spawn, gloo), one torch thread per process. Throughput: samples / the slowest "
+            f"(torch.multiprocessing spawn, backend {args.backend}), one torch thread per process. Throughput: samples / the slowest "
             "rank's calibration seconds. Bit-identical: every scale and zero point of every rank equals the "
             "one-process run's. Peak RSS per process includes imports. Load average (1 min) at the end: "
-            f"{load[0]:.1f}; the host has 2 cores shared with other jobs, so 2 processes can at best double "
-            "throughput and any other load eats into it.\n\n"
+            f"{load[0]:.1f}; the process may use {cores} cores (other jobs' load eats into them).\n\n"
             "| observer | processes | calibration samples/s | slowest rank calibration s | executor runs per rank "
             "| peak RSS MB per rank | scales bit-identical to 1 process |\n|---|---|---|---|---|---|---|\n"
             + "\n".join(rows) + "\n"
             + ("\n## W4A4 LSQ QAT under DistributedDataParallel (digits)\n\nThe digits CNN of `qat_digits.py`: FP32 "
                "training, BN folded, W4A4 PTQ (MSE calibration, 512 training images), then "
                f"{args.qat_epochs} epochs of LSQ QAT (Adam lr 1e-3, cosine, global batch 32; each DDP rank takes its "
-               f"share of every global batch). Seeds {seeds}; test accuracy of rank 0's model (450 images).\n\n"
+               f"share of every global batch), on {args.qat_device}. Seeds {seeds}; test accuracy of rank 0's model (450 "
+               "images).\n\n"
                "| processes | FP32 accuracy % (mean) | W4A4 QAT accuracy % (mean) | per seed | QAT seconds (mean) |\n"
                "|---|---|---|---|---|\n" + "\n".join(qat_rows) + "\n" if qat_rows else ""))
-    write_text_atomic(RESULTS, text)
+    write_text_atomic(args.out, text)
     print(text)
 
 

@@ -195,3 +195,14 @@ def test_lsq_per_channel_1d_gives_per_channel_gradients() -> None:
     fake_quantize(x, s, None, spec, grad_mode=GradMode.LSQ, lsq_grad_scale=1.0).sum().backward()
     assert s.grad.shape == (3,)
     assert s.grad.tolist() == pytest.approx([0.0, -8.0, (0.8 - 0.7) / 0.2], abs=1e-6)
+
+
+def test_an_empty_input_keeps_learned_params_in_the_graph_with_zero_gradient() -> None:
+    spec = QuantSpec(bits=8, signed=True, granularity=Granularity.PER_TENSOR)
+    scale = torch.tensor([0.1], requires_grad=True)
+    zero_point = torch.tensor([0.0], requires_grad=True)
+    out = fake_quantize(torch.empty(0, 3), scale, zero_point, spec, GradMode.LSQ)
+    assert out.shape == (0, 3)
+    out.sum().backward()
+    assert scale.grad is not None and zero_point.grad is not None
+    assert float(scale.grad.abs().sum()) == 0.0 and float(zero_point.grad.abs().sum()) == 0.0

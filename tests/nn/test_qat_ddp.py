@@ -60,7 +60,12 @@ def _rank(rank: int, port: int, out: str) -> None:
         nqnn.prepare_qat(q, grad_mode=GradMode.LSQ)
         ddp = DistributedDataParallel(q)
         _train(q, ddp, x[mine], y[mine])
-        torch.save({"calibrated": calibrated, "trained": _scales(q)}, Path(out) / f"rank{rank}.pt")
+        trained = _scales(q)
+        # an uneven last global batch: rank 1's share is empty; DDP needs every scale used on every rank
+        ddp.zero_grad()
+        ddp(x[mine][:4] if rank == 0 else x[:0]).square().sum().backward()
+        uneven = {n: p.grad.clone() for n, p in q.named_parameters() if n.endswith("scale")}
+        torch.save({"calibrated": calibrated, "trained": trained, "uneven": uneven}, Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
@@ -91,3 +96,6 @@ def test_calibration_and_lsq_qat_under_ddp(tmp_path: Path) -> None:
             assert float(((trained[k] - one[k]).abs() / one[k]).max()) > 1e-3, k
     for k in trained:
         torch.testing.assert_close(ranks[0]["trained"][k], trained[k], rtol=1e-4, atol=1e-7)
+    uneven = ranks[0]["uneven"]  # the averaged gradients of the uneven step: the same on both ranks, not all zero
+    assert uneven and all(torch.equal(uneven[k], ranks[1]["uneven"][k]) for k in uneven)
+    assert any(bool(g.abs().sum() > 0) for g in uneven.values())

@@ -102,3 +102,11 @@ def test_cli_nproc_two_processes(run_cli: Any, conv_net_file: Path, tmp_path: Pa
     a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "two"))
     assert a == b and (tmp_path / "two.onnx").exists()
     assert "LOCAL_WORLD_SIZE" not in os.environ
+
+
+def test_groups_are_gloo_on_a_cpu_torch_and_gloo_with_nccl_where_cuda_is_there() -> None:
+    import torch
+
+    from netquant.passes.distributed import group_backend
+
+    assert group_backend() == ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")

@@ -1,4 +1,5 @@
-"""`netquant quantize --nproc N`: calibration shared by N local processes (torch.distributed, gloo on the CPU).
+"""`netquant quantize --nproc N`: calibration shared by N local processes (torch.distributed: gloo on the CPU, with
+nccl beside it for CUDA tensors where CUDA is there: `passes.distributed.group_backend`).
 
 This process is rank 0 (it loads the data, places, writes the files and prints); ranks 1..N-1 are spawned
 (torch.multiprocessing) with the same calibration batches and settings, calibrate their share and exit. Under
@@ -28,9 +29,10 @@ def _helper_rank(index: int, world: int, port: int, model: str, batches: list[An
     import torch.distributed as dist
 
     import netquant
+    from netquant.passes.distributed import group_backend
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(world))
-    dist.init_process_group("gloo", rank=index + 1, world_size=world, timeout=GROUP_TIMEOUT)
+    dist.init_process_group(group_backend(), rank=index + 1, world_size=world, timeout=GROUP_TIMEOUT)
     try:
         netquant.quantize_onnx(model, batches, **settings)
     finally:
@@ -40,16 +42,18 @@ def _helper_rank(index: int, world: int, port: int, model: str, batches: list[An
 @contextlib.contextmanager
 def local_group(nproc: int, model: str, batches: list[Any], settings: dict[str, Any]) -> Iterator[None]:
     """Spawn ranks 1..nproc-1 running quantize_onnx(model, batches, distributed=True, **settings) and make this
-    process rank 0 of a gloo group for the block; the helpers are joined and the group destroyed after."""
+    process rank 0 of a group (`group_backend`) for the block; the helpers are joined and the group destroyed after."""
     import torch.distributed as dist
     import torch.multiprocessing as mp
+
+    from netquant.passes.distributed import group_backend
 
     port = _free_port()
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), LOCAL_WORLD_SIZE=str(nproc))
     helper_settings = {**settings, "distributed": True, "quiet": True}
     ctx = mp.start_processes(_helper_rank, args=(nproc, port, model, batches, helper_settings), nprocs=nproc - 1,
                              join=False, start_method="spawn")
-    dist.init_process_group("gloo", rank=0, world_size=nproc, timeout=GROUP_TIMEOUT)
+    dist.init_process_group(group_backend(), rank=0, world_size=nproc, timeout=GROUP_TIMEOUT)
     try:
         yield
         while not ctx.join():

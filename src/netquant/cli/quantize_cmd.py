@@ -231,7 +231,8 @@ def summary_table(f: RunFacts) -> Table:
 @click.option("--placement-from", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Re-apply a placement file instead of measuring (same model, platform and settings).")
 @click.option("--nproc", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Calibrate in this many local processes (torch.distributed, gloo); rank 0 writes the files. "
+              help="Calibrate in this many local processes (torch.distributed: gloo, with nccl beside it where CUDA is "
+                   "there); rank 0 writes the files. "
                    "Under torchrun the ranks are torchrun's.")
 @click.option("--threads", default="auto", show_default=True,
               help="Intra-op threads of torch and onnxruntime during the run: a count, or 'auto' (the CPUs this "

@@ -401,8 +401,12 @@ def fake_quantize(x: torch.Tensor, scale: torch.Tensor | float, zero_point: torc
     _view_shape(scale, x, spec, "scale")
     if not spec.is_float:
         _view_shape(zero_point, x, spec, "zero_point")
-    if x.numel() == 0:
-        return x.clone()
+    if x.numel() == 0:  # no values; a learned scale / zero point stays in the graph with a zero gradient (DDP
+        out = x.clone()  # needs every parameter used on every rank, also on a rank whose share is empty)
+        for p in (scale, zero_point):
+            if p.requires_grad:
+                out = out + (p.sum() * 0).to(out.dtype)
+        return out
     if _torch_fast_path(x, spec, grad_mode) and not zero_point.is_floating_point():
         z = zero_point.detach()
         if bool(((z >= spec.qmin) & (z <= spec.qmax)).all()):

@@ -22,8 +22,8 @@ from typing import Any
 from netquant.calib.distributed import check_mergeable, merge_across_ranks
 from netquant.errors import ConfigError
 
-__all__ = ["Shard", "broadcast_from_rank0", "check_mergeable", "current_shard", "merge_observers_across_ranks",
-           "torchrun_env"]
+__all__ = ["Shard", "broadcast_from_rank0", "check_mergeable", "current_shard", "group_backend",
+           "merge_observers_across_ranks", "torchrun_env"]
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,18 @@ def torchrun_env() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "RANK" in os.environ
 
 
+def group_backend() -> str:
+    """The torch.distributed backend netquant creates groups with: 'gloo' on a CPU-only torch; with CUDA there,
+    'cpu:gloo,cuda:nccl' (calibration's CPU objects and tensors go through gloo, CUDA tensors, e.g. a DDP model's
+    gradients on the GPU, through nccl)."""
+    import torch
+
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
 def current_shard() -> Shard:
     """The initialised default process group's (rank, world); with torchrun's variables set and no group yet, the
-    gloo group is created first. ConfigError when there is neither."""
+    group is created first (`group_backend`). ConfigError when there is neither."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -57,7 +66,7 @@ def current_shard() -> Shard:
             raise ConfigError("distributed=True needs a torch.distributed process group: start with torchrun "
                               "(or `netquant quantize --nproc N`), or call torch.distributed.init_process_group "
                               "first")
-        dist.init_process_group("gloo")
+        dist.init_process_group(group_backend())
     return Shard(dist.get_rank(), dist.get_world_size())
 
 
