@@ -105,8 +105,6 @@ def test_cli_nproc_two_processes(run_cli: Any, conv_net_file: Path, tmp_path: Pa
 
 
 def test_groups_are_gloo_on_a_cpu_torch_and_gloo_with_nccl_where_cuda_is_there() -> None:
-    import torch
-
     from netquant.passes.distributed import group_backend
 
     assert group_backend() == ("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
