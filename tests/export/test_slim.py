@@ -85,3 +85,41 @@ def test_strip_node_metadata_reaches_subgraphs_and_keeps_model_metadata() -> Non
     out = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         None, {"c": np.array(False), "x": x})[0]
     np.testing.assert_array_equal(out, -x)
+
+
+def test_equal_initializers_are_stored_once_with_the_same_outputs() -> None:
+    from onnx import numpy_helper
+
+    from netquant.export.slim import share_equal_initializers
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((64, 64)).astype(np.float32)
+    zeros = np.zeros(64, np.float32)
+    inits = [numpy_helper.from_array(w, "w1"), numpy_helper.from_array(w.copy(), "w2"),
+             numpy_helper.from_array(zeros, "b1"), numpy_helper.from_array(zeros.copy(), "b2"),
+             numpy_helper.from_array(zeros.copy(), "b3"),  # read by a subgraph: left alone
+             numpy_helper.from_array(np.zeros((1, 64), np.float32), "b4"),  # other dims: another tensor
+             numpy_helper.from_array(np.float32(2.0), "s1"), numpy_helper.from_array(np.float32(2.0), "s2")]
+    sub = helper.make_graph([helper.make_node("Add", ["h2", "b3"], ["t"])], "then", [],
+                            [helper.make_tensor_value_info("t", TensorProto.FLOAT, [1, 64])])
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["m1"]), helper.make_node("Add", ["m1", "b1"], ["h1"]),
+             helper.make_node("MatMul", ["h1", "w2"], ["m2"]), helper.make_node("Add", ["m2", "b2"], ["h2"]),
+             helper.make_node("Mul", ["h2", "s1"], ["h3"]), helper.make_node("Mul", ["h3", "s2"], ["h4"]),
+             helper.make_node("Add", ["h4", "b4"], ["y"]),
+             helper.make_node("If", ["c"], ["z"], then_branch=sub, else_branch=sub)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+                                           helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]),
+                               helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 64])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"x": rng.standard_normal((1, 64)).astype(np.float32), "c": np.array(True)}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    freed = share_equal_initializers(model)
+    names = sorted(t.name for t in model.graph.initializer)
+    assert names == ["b1", "b3", "b4", "s1", "s2", "w1"]  # w2 -> w1, b2 -> b1; scalars are too small to bother
+    assert freed >= 64 * 64 * 4 + 64 * 4
+    assert [n.input[1] for n in model.graph.node[:4]] == ["w1", "b1", "w1", "b1"]
+    onnx.checker.check_model(model)
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+    for a, b in zip(want, got, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -47,7 +47,7 @@ from netquant.export.ort_patterns import (
 )
 from netquant.export.qdq import QdqBuilder, required_opset
 from netquant.export.ranks import RankOf
-from netquant.export.slim import strip_node_metadata
+from netquant.export.slim import share_equal_initializers, strip_node_metadata
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
     DEFAULT_MAX_ERROR_RATIO,
@@ -285,6 +285,7 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         rewritten = q_attention(model) > 0 or rewritten
         drop_zero_weight_zero_points(model, rank_of)
     strip_node_metadata(model)  # exporters' per-node annotations: no engine reads them (export.slim)
+    share_equal_initializers(model)  # e.g. the zero biases of fresh layers, once each
     if rewritten:  # the stats count what the file holds
         ops = Counter(n.op_type for n in model.graph.node)
         builder.stats.quantize_nodes, builder.stats.dequantize_nodes = ops["QuantizeLinear"], ops["DequantizeLinear"]
