@@ -321,6 +321,28 @@ def merge(parts: list[Path], note: str = "") -> str:
     return "\n".join(lines)
 
 
+def sizes(models: str, forms: str, n_calib: int) -> str:
+    """The file-size column only (--sizes): netquant default and ORT quantize_dynamic (per-channel, reduce_range)
+    written for each section, no latency or cosine runs, as a markdown table (bytes, so small moves show), printed
+    row by row and returned."""
+    lines = ["| section | netquant default bytes | ORT quantize_dynamic bytes | netquant - ORT | file MB (ours / ORT) |",
+             "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    with tempfile.TemporaryDirectory(prefix="netquant_sizes_") as tmp:
+        for key in models.split(","):
+            for form in forms.split(","):
+                case = make_case(key, form, n_calib, 0)
+                ours, peer = Path(tmp) / "ours.onnx", Path(tmp) / "ort.onnx"
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    netquant_default(case, ours)
+                    ort_dynamic(True)(case, peer)
+                a, b = ours.stat().st_size, peer.stat().st_size
+                lines.append(f"| {case.name} | {a} | {b} | {a - b:+d} | {a / 1e6:.2f} / {b / 1e6:.2f} |")
+                print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(tm.ENCODERS))
@@ -335,7 +357,14 @@ def main() -> int:
     ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit (newer "
                     "first: a section is taken from the first file that has it)")
     ap.add_argument("--note", default="", help="with --merge: a paragraph for the merged file's header")
+    ap.add_argument("--sizes", action="store_true", help="only the file-size column: write netquant default's and "
+                    "ORT quantize_dynamic's (reduce_range) files per section and print their bytes (minutes, not "
+                    "the full run's hour); nothing written to --out")
     args = ap.parse_args()
+    if args.sizes:
+        warm_imports()
+        sizes(args.models, args.forms, args.calib)  # printed row by row
+        return 0
     if args.merge:
         write_text_atomic(args.out, merge(args.merge, args.note), "benchmark results")
         return 0

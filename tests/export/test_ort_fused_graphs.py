@@ -66,3 +66,29 @@ def test_qattention_node_matches_onnxruntime() -> None:
     node = helper.make_node("QAttention", list(feeds), ["y"], domain="com.microsoft", num_heads=n)
     ref, ours = ort_and_ours(node, feeds, domain_opsets={"com.microsoft": 1})
     np.testing.assert_allclose(ours[0], ref[0], atol=1e-4, rtol=1e-4)
+
+
+def test_fused_graph_file_has_no_zero_weight_zero_points(tmp_path: Path) -> None:
+    """After the optimizer's com.microsoft ops onnx shape inference knows no ranks: export.ranks infers them, so the
+    MatMul weights' all-zero zero points are dropped (rank >= 3 inputs), and QAttention leaves its z_w out
+    (omitted means 0); onnxruntime's output is unchanged by it (QAttention still runs)."""
+    from netquant.export.ranks import RankOf
+
+    model = ort_fused_bert()
+    qm = netquant.quantize_onnx(model, ort_fused_batches(6), objective=None, quiet=True)
+    rank_of = RankOf(qm.qgraph.graph)
+    matmuls = [n for n in qm.qgraph.graph.nodes if n.op_type == "MatMul"]
+    assert matmuls and all(qm.qgraph.graph.value(n.inputs[0]).shape is None for n in matmuls)
+    assert [rank_of(n.inputs[0]) for n in matmuls] == [3] * len(matmuls)
+    out = tmp_path / "q.onnx"
+    qm.export(out)
+    q = onnx.load(str(out))
+    qatt = [n for n in q.graph.node if n.op_type == "QAttention"]
+    assert len(qatt) == 1 and len(qatt[0].input) == 7  # input, weight, bias, s_x, s_w, mask, z_x
+    int8_zero_points = [t for t in q.graph.initializer if t.data_type == onnx.TensorProto.INT8 and len(t.dims) == 1]
+    assert int8_zero_points == []
+    feeds = ort_fused_batches(1, seed=11)[0]
+    y = _run(out, feeds)
+    assert cosine(y, _run(model, feeds)) > 0.999
+    ours = Executor(load_onnx(q)).run({k: torch.from_numpy(v) for k, v in feeds.items()})
+    assert cosine(ours["hidden"].numpy(), y) > 0.99999

@@ -178,3 +178,42 @@ def test_gathers_of_one_int8_table_share_one_row_scale_column(tmp_path: Path) ->
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     for w, g in zip(want, got, strict=True):
         np.testing.assert_array_equal(w, g)
+
+
+@pytest.mark.parametrize("kind", ["coded", "shared", "half", "float"])
+def test_row_scales_stored_compactly_give_the_dequantize_gather_values(kind: str) -> None:
+    """gather_int8_rows stores the per-row scales as uint8 codes c + one step where they are c * step
+    (passes.embeddings.coded_row_scales), as one scalar where all rows share a scale, else float16 / float32; the
+    gathered rows equal DequantizeLinear -> Gather's bit for bit."""
+    from netquant.export.ort_patterns import gather_int8_rows
+
+    rng = np.random.default_rng(1)
+    v = 300
+    codes = rng.integers(-127, 128, (v, 16)).astype(np.int8)
+    step = np.float32(2.0 ** -7 * 1.234375)  # 8 significant bits: c * step exact
+    scales = {"coded": rng.integers(1, 256, v).astype(np.float32) * step,
+              "shared": np.full(v, 0.0123, np.float32),
+              "half": (rng.uniform(0.5, 2.0, v) * 2.0 ** -7).astype(np.float16).astype(np.float32),
+              "float": rng.uniform(0.5, 2.0, v).astype(np.float32) * np.float32(1.0 + 2.0 ** -20)}[kind]
+    if kind == "coded":
+        scales[0] = 255 * step  # the largest row's code is 255
+    nodes = [helper.make_node("DequantizeLinear", ["codes", "scale", "zero"], ["table"], axis=0, name="dq"),
+             helper.make_node("Gather", ["table", "ids"], ["a"], axis=0, name="g1")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 5])],
+        [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 5, 16])],
+        [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "scale"),
+         numpy_helper.from_array(np.zeros(v, np.int8), "zero")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    feeds = {"ids": rng.integers(0, v, (2, 5))}
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    before = model.ByteSize()
+    assert gather_int8_rows(model) == 1
+    stored = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer if t.name != "codes"}
+    dtypes = sorted(f"{a.dtype.name}{list(a.shape)}" for a in stored.values())
+    assert dtypes == {"coded": ["float32[]", f"uint8[{v}, 1]"], "shared": ["float32[]"],
+                      "half": [f"float16[{v}, 1]"], "float": [f"float32[{v}, 1]"]}[kind]
+    if kind != "float":
+        assert model.ByteSize() < before - v * (2 if kind == "half" else 3 if kind == "coded" else 4) + 200
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
+    np.testing.assert_array_equal(want, got)

@@ -16,7 +16,12 @@ from onnx import numpy_helper
 
 import netquant
 from netquant.graph import Executor, load_onnx
-from netquant.passes.embeddings import EMBEDDING_MIN_ELEMENTS
+from netquant.passes.embeddings import (
+    EMBEDDING_MIN_ELEMENTS,
+    ROW_SCALE_CODES,
+    coded_row_scales,
+    half_exact_scales,
+)
 from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
 
 
@@ -43,8 +48,10 @@ def test_token_table_is_int8_per_row_and_gathered_before_dequantizing(bert: Path
     scale = cfg.params.scale
     assert scale.shape == (SMALL["vocab"],)
     exact = 2 * table.abs().amax(1) / 255  # choose_qparams, symmetric ...
-    assert bool((scale >= exact).all()) and bool((scale <= exact * (1 + 2 ** -9)).all())  # ... rounded up to float16
-    assert torch.equal(scale.half().float(), scale)
+    step = scale.max() / ROW_SCALE_CODES  # ... rounded up to c * step, c in 1..255, the largest row's c 255
+    codes_c = scale.double() / step.double()
+    assert torch.equal(codes_c.round(), codes_c) and int(codes_c.max()) == ROW_SCALE_CODES and codes_c.min() >= 1
+    assert bool((scale >= exact).all()) and bool((scale <= exact + step * (1 + 1e-6)).all())
     out = tmp_path / "q.onnx"
     qm.export(out)
     model = onnx.load(str(out))
@@ -56,8 +63,10 @@ def test_token_table_is_int8_per_row_and_gathered_before_dequantizing(bert: Path
     assert np.all(np.abs(codes * s - table.numpy()) <= s / 2 * (1 + 1e-4))  # round to nearest, one scale per row
     assert not any(n.op_type == "DequantizeLinear" and n.input[0] == gather.input[0] for n in model.graph.node)
     row_scales = [v for v in inits.values() if v.shape == (SMALL["vocab"], 1)]
-    assert len(row_scales) == 1 and row_scales[0].dtype == np.float16  # 2 bytes a row, exact
-    np.testing.assert_array_equal(row_scales[0].astype(np.float32)[:, 0], scale.numpy())
+    assert len(row_scales) == 1 and row_scales[0].dtype == np.uint8  # one byte a row ...
+    steps = [v for k, v in inits.items() if k.endswith("_step")]
+    assert len(steps) == 1 and steps[0].dtype == np.float32 and steps[0].shape == ()  # ... and one step: c * step exact
+    np.testing.assert_array_equal(row_scales[0].astype(np.float32)[:, 0] * steps[0], scale.numpy())
     # onnxruntime's embedding rows are the executor's fake-quantized rows
     feeds = small_bert_batches(1, seed=40)[0]
     ours = Executor(load_onnx(model)).run({k: torch.from_numpy(v) for k, v in feeds.items()})["hidden"].numpy()
@@ -131,3 +140,65 @@ def test_a_table_gathered_at_constant_positions_is_stored_int8_not_folded_float(
     ref = _run(src, calib[0])
     # measured: 0.999865 (int8 table) vs 0.999876 (float rows): the int8 activations' error dominates either way
     assert cosine(outs[True], ref) > 0.9998 and cosine(outs[True], ref) > cosine(outs[False], ref) - 5e-5
+
+
+def test_coded_row_scales_round_up_to_c_times_step_and_fall_back_where_rows_differ_widely() -> None:
+    rng = np.random.default_rng(5)
+    table = torch.from_numpy(rng.standard_normal((1000, 64)).astype(np.float32)) * 0.02
+    table[7] = 0  # a padding row
+    amax = table.abs().amax(1)
+    ideal = 2 * amax / 255
+    coded = coded_row_scales(ideal, amax)
+    step = coded.max() / ROW_SCALE_CODES
+    c = coded.double() / step.double()
+    assert torch.equal(c.round(), c) and c.min() >= 1 and c.max() == ROW_SCALE_CODES
+    live = amax > 0
+    assert bool((coded[live] >= ideal[live]).all()) and bool((coded[live] - ideal[live] <= step * 1.000001).all())
+    assert float(coded[7]) == float(step)  # the zero row: code 1 (its codes are all 0)
+    growth = float(((coded[live] / ideal[live]) ** 2).mean())  # rounding noise, relative to per-row float scales
+    assert 1.0 < growth < 1.02
+    # rows spanning 1000x: one-byte codes would coarsen the small rows -> float16 scales (2 bytes a row)
+    wide = ideal.clone()
+    wide[::2] /= 1000
+    fallback = coded_row_scales(wide, amax)
+    assert torch.equal(fallback, half_exact_scales(wide, amax))
+
+
+def test_embedding_table_bytes_vs_ort_quantize_dynamic(bert: Path, tmp_path: Path) -> None:
+    """The token table [V, D] as the file stores it: int8 codes + one uint8 scale code a row + one step, i.e. ORT
+    quantize_dynamic's uint8 codes + one scale + one zero point plus V bytes (it was 2 V bytes with float16 scales);
+    and the per-row scales keep the table's rounding error at most ORT's per-table one."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    ours = tmp_path / "ours.onnx"
+    netquant.quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True).export(ours)
+    peer = tmp_path / "ort.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        quantize_dynamic(str(bert), str(peer), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+    vocab, dim = SMALL["vocab"], SMALL["dim"]
+
+    def table_bytes(path: Path) -> tuple[int, dict[str, np.ndarray]]:
+        inits = {t.name: t for t in onnx.load(str(path)).graph.initializer}
+        codes = next(k for k, t in inits.items() if list(t.dims) == [vocab, dim])
+        stem = codes.removesuffix("_quantized")
+        parts = {k: t for k, t in inits.items() if k.startswith(stem)}
+        return sum(len(t.raw_data) or t.ByteSize() for t in parts.values()), \
+            {k: numpy_helper.to_array(t) for k, t in parts.items()}
+
+    ours_bytes, ours_parts = table_bytes(ours)
+    peer_bytes, peer_parts = table_bytes(peer)
+    assert ours_bytes <= peer_bytes + vocab + 8, (ours_bytes, peer_bytes)
+    assert sorted(v.dtype.name for v in ours_parts.values()) == ["float32", "int8", "uint8"]
+    # rounding error of the table: ours per row vs ORT's one scale (asymmetric uint8)
+    table = numpy_helper.to_array(next(t for t in onnx.load(str(bert)).graph.initializer
+                                       if list(t.dims) == [vocab, dim]))
+    q8 = next(v for v in ours_parts.values() if v.dtype == np.int8)
+    c = next(v for v in ours_parts.values() if v.dtype == np.uint8)
+    step = next(v for v in ours_parts.values() if v.dtype == np.float32)
+    err_ours = np.abs(q8 * (c.astype(np.float32) * step) - table).mean()
+    qu = next(v for v in peer_parts.values() if v.dtype == np.uint8 and v.ndim == 2)
+    scale = next(v for v in peer_parts.values() if v.dtype == np.float32)
+    zero = next(v for v in peer_parts.values() if v.dtype == np.uint8 and v.ndim == 0)
+    err_peer = np.abs((qu.astype(np.float32) - zero) * scale - table).mean()
+    assert err_ours < err_peer, (err_ours, err_peer)

@@ -46,6 +46,8 @@ from netquant.export.ort_patterns import (
     q_attention,
 )
 from netquant.export.qdq import QdqBuilder, required_opset
+from netquant.export.ranks import RankOf
+from netquant.export.slim import share_equal_initializers, strip_node_metadata
 from netquant.export.slots import Exportable, check_deployable, unwrap
 from netquant.export.validate import (
     DEFAULT_MAX_ERROR_RATIO,
@@ -276,11 +278,14 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     if qgraph.attention_rewrite is not None:  # transformer ops int8 by measurement (analysis.attention)
         rewritten = qgraph.attention_rewrite.apply(model) or rewritten
     if qgraph.platform.validation is Validation.ONNXRUNTIME:  # exact rewrites for onnxruntime's fusions
-        keep_qdq_matmul_bias_apart(model, lambda name: _rank(qgraph, name))
+        rank_of = RankOf(qgraph.graph)  # through com.microsoft ops too, where onnx shape inference stops
+        keep_qdq_matmul_bias_apart(model, rank_of)
         rewritten = embed_layer_norm_rows(model) > 0 or rewritten  # before gather_int8_rows: it makes Gathers
         rewritten = gather_int8_rows(model) > 0 or rewritten
         rewritten = q_attention(model) > 0 or rewritten
-        drop_zero_weight_zero_points(model, lambda name: _rank(qgraph, name))
+        drop_zero_weight_zero_points(model, rank_of)
+    strip_node_metadata(model)  # exporters' per-node annotations: no engine reads them (export.slim)
+    share_equal_initializers(model)  # e.g. the zero biases of fresh layers, once each
     if rewritten:  # the stats count what the file holds
         ops = Counter(n.op_type for n in model.graph.node)
         builder.stats.quantize_nodes, builder.stats.dequantize_nodes = ops["QuantizeLinear"], ops["DequantizeLinear"]
@@ -294,12 +299,6 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         onnx.helper.set_model_props(model, {**{p.key: p.value for p in model.metadata_props},
                                             "netquant.platform": platform})
     return model, builder, source
-
-
-def _rank(qgraph: QuantizedGraph, name: str) -> int | None:
-    """Rank of value `name` of the quantized graph, None when unknown or not a value of it."""
-    shape = qgraph.graph.value(name).shape
-    return None if shape is None else len(shape)
 
 
 def _version() -> str:

@@ -103,14 +103,38 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
 __all__ = ["embed_layer_norm_rows", "keep_qdq_matmul_bias_apart"]
 
 
+ROW_CODES = 255  # passes.embeddings.coded_row_scales: row scales c * step, c in 1..255
+
+
+def _row_scale_column(values: np.ndarray) -> tuple[np.ndarray | None, float | None]:
+    """The per-row scales [V] (float32) as the file stores them: (None, s) where every row has the scale s; (uint8
+    codes c [V, 1], step) where values == float32(c * step) exactly, step = max / 255 (passes.embeddings'
+    coded_row_scales); else (float16 [V, 1], None) where float16 holds every one exactly; else (float32 [V, 1],
+    None)."""
+    if values.size and (values == values[0]).all():
+        return None, float(values[0])
+    top = np.float32(values.max()) if values.size else np.float32(0)
+    if np.isfinite(top) and top > 0:
+        step = np.float32(top / np.float32(ROW_CODES))
+        codes = np.rint(values / step)
+        if ((codes >= 1) & (codes <= ROW_CODES)).all() and \
+                (codes.astype(np.float32) * step == values).all():
+            return codes.astype(np.uint8).reshape(-1, 1), float(step)
+    half = values.astype(np.float16)
+    if np.isfinite(half).all() and (half.astype(np.float32) == values).all():
+        return half.reshape(-1, 1), None
+    return values.reshape(-1, 1), None
+
+
 def gather_int8_rows(model: onnx.ModelProto) -> int:
     """Rewrite DequantizeLinear(int8 table [V, D], per-row scale [V], zero zero points, axis 0) -> Gather(axis 0) into
-    Gather(codes) -> Cast(float) -> Mul(Gather(scales [V, 1])), in place (passes.embeddings; the scales in float16,
-    Cast to float after the Gather, where float16 holds every one exactly): the same values, but
-    only the gathered rows are dequantized each run (onnxruntime does not fold a DequantizeLinear of an initializer,
-    so the first form dequantizes the whole table on every run). Gathers of one table (e.g. the word embeddings read
-    by EmbedLayerNormalization and by another Gather) share one scale column. Returns how many Gathers were
-    rewritten."""
+    Gather(codes) -> Cast(float) -> Mul(row scales), in place (passes.embeddings): the same values, but only the
+    gathered rows are dequantized each run (onnxruntime does not fold a DequantizeLinear of an initializer, so the
+    first form dequantizes the whole table on every run). The row scales are _row_scale_column's: one scalar where
+    every row has the same scale; Cast(Gather(uint8 codes [V, 1])) * step (exact in float32) where the scales are
+    c * step; else Gather of a float16 column Cast to float (where float16 holds every scale exactly) or of a float
+    column. Gathers of one table (e.g. the word embeddings read by EmbedLayerNormalization and by another Gather)
+    share one scale column. Returns how many Gathers were rewritten."""
     from onnx import numpy_helper
 
     graph = model.graph
@@ -121,8 +145,14 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
 
     fresh = functools.partial(claim_name, taken=taken)
 
+    def add(array: np.ndarray, name: str) -> str:
+        tensor = numpy_helper.from_array(array, fresh(name))
+        graph.initializer.append(tensor)
+        inits[tensor.name] = tensor
+        return tensor.name
+
     replaced: dict[int, list[onnx.NodeProto]] = {}
-    columns: dict[str, tuple[str, bool]] = {}  # per-row scale initializer -> (its [V, 1] column, float16)
+    columns: dict[str, tuple[str | None, str | None, int]] = {}  # scale -> (column, scalar, column's dtype)
     for gather in graph.node:
         if gather.op_type != "Gather" or gather.domain not in ("", "ai.onnx") or \
                 next((a.i for a in gather.attribute if a.name == "axis"), 0) != 0:
@@ -138,26 +168,33 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
                 (zero is not None and numpy_helper.to_array(zero).any()):
             continue
         if scale.name not in columns:  # one scale column per table, however many Gathers read it
-            column = fresh(f"{scale.name}_rows")
-            values = numpy_helper.to_array(scale).astype(np.float32).reshape(-1, 1)
-            half = values.astype(np.float16)
-            exact = bool(np.isfinite(half).all() and (half.astype(np.float32) == values).all())
-            scales = numpy_helper.from_array(half if exact else values, column)  # float16 where it holds them exactly
-            graph.initializer.append(scales)
-            inits[column] = scales
-            columns[scale.name] = column, exact
-        column, exact = columns[scale.name]
+            column, scalar = _row_scale_column(numpy_helper.to_array(scale).astype(np.float32).reshape(-1))
+            columns[scale.name] = (
+                None if column is None else add(column, f"{scale.name}_rows"),
+                None if scalar is None else add(np.array(scalar, np.float32),
+                                                f"{scale.name}_{'shared' if column is None else 'step'}"),
+                0 if column is None else helper.np_dtype_to_tensor_dtype(column.dtype))
+        column_name, scalar_name, dtype = columns[scale.name]
         p = gather.name or fresh("embedding")
-        rows, as_float, row_scales = fresh(f"{p}/int8_rows"), fresh(f"{p}/rows"), fresh(f"{p}/row_scales")
-        gathered = fresh(f"{p}/row_scales_half") if exact else row_scales
-        replaced[id(gather)] = [
-            helper.make_node("Gather", [codes.name, gather.input[1]], [rows], name=gather.name, axis=0),
-            helper.make_node("Cast", [rows], [as_float], name=fresh(f"{p}/Cast"), to=onnx.TensorProto.FLOAT),
-            helper.make_node("Gather", [column, gather.input[1]], [gathered], name=fresh(f"{p}/scales"), axis=0),
-            *([helper.make_node("Cast", [gathered], [row_scales], name=fresh(f"{p}/CastScales"),
-                                to=onnx.TensorProto.FLOAT)] if exact else []),
-            helper.make_node("Mul", [as_float, row_scales], [gather.output[0]], name=fresh(f"{p}/dequantize")),
-        ]
+        rows, as_float = fresh(f"{p}/int8_rows"), fresh(f"{p}/rows")
+        new = [helper.make_node("Gather", [codes.name, gather.input[1]], [rows], name=gather.name, axis=0),
+               helper.make_node("Cast", [rows], [as_float], name=fresh(f"{p}/Cast"), to=onnx.TensorProto.FLOAT)]
+        if column_name is None:  # one scale for the table
+            row_scales = scalar_name
+        else:
+            row_scales = fresh(f"{p}/row_scales")
+            gathered = row_scales if dtype == onnx.TensorProto.FLOAT else fresh(f"{p}/row_scale_codes")
+            new.append(helper.make_node("Gather", [column_name, gather.input[1]], [gathered], name=fresh(f"{p}/scales"),
+                                        axis=0))
+            if dtype != onnx.TensorProto.FLOAT:
+                as_scales = row_scales if scalar_name is None else fresh(f"{p}/row_scale_code_floats")
+                new.append(helper.make_node("Cast", [gathered], [as_scales], name=fresh(f"{p}/CastScales"),
+                                            to=onnx.TensorProto.FLOAT))
+                if scalar_name is not None:  # c * step: exact in float32
+                    new.append(helper.make_node("Mul", [as_scales, scalar_name], [row_scales],
+                                                name=fresh(f"{p}/scale_step")))
+        new.append(helper.make_node("Mul", [as_float, row_scales], [gather.output[0]], name=fresh(f"{p}/dequantize")))
+        replaced[id(gather)] = new
         readers[dq.output[0]] -= 1
     if not replaced:
         return 0
@@ -210,12 +247,17 @@ def drop_zero_weight_zero_points(model: onnx.ModelProto, rank_of: Callable[[str]
 def q_attention(model: onnx.ModelProto) -> int:
     """Rewrite com.microsoft Attention(DQ(Q(x)), DQ(int8 weights), bias, mask...) into QAttention(Q(x), weights,
     bias, s_x, s_w, mask, z_x, z_w), in place: the same arithmetic (onnxruntime's QAttention dequantizes with those
-    scales) in onnxruntime's int8 attention kernel. Attentions with a past input are left alone. Returns the count."""
+    scales) in onnxruntime's int8 attention kernel; an all-zero z_w is left out (omitted means 0) and its
+    initializer dropped where nothing else reads it. Attentions with a past input are left alone. Returns the
+    count."""
+    from onnx import numpy_helper
+
     graph = model.graph
     producer = {o: n for n in graph.node for o in n.output}
     inits = {t.name: t for t in graph.initializer}
     readers = _read_counts(graph)
     replaced: dict[int, onnx.NodeProto] = {}
+    dropped: set[str] = set()  # zero points left out of a QAttention
     for node in graph.node:
         if node.op_type != "Attention" or node.domain != "com.microsoft" or len(node.input) < 3 or \
                 (len(node.input) > 4 and any(node.input[4:])):
@@ -229,8 +271,12 @@ def q_attention(model: onnx.ModelProto) -> int:
                 len(dq_x.input) < 3 or len(dq_w.input) < 3:
             continue
         mask = node.input[3] if len(node.input) > 3 else ""
-        inputs = [dq_x.input[0], dq_w.input[0], node.input[2], dq_x.input[1], dq_w.input[1], mask, dq_x.input[2],
-                  dq_w.input[2]]
+        inputs = [dq_x.input[0], dq_w.input[0], node.input[2], dq_x.input[1], dq_w.input[1], mask, dq_x.input[2]]
+        z_w = inits.get(dq_w.input[2])
+        if z_w is None or numpy_helper.to_array(z_w).any():  # an omitted weight zero point is 0: one int8 a column
+            inputs.append(dq_w.input[2])
+        else:
+            dropped.add(z_w.name)
         replaced[id(node)] = helper.make_node("QAttention", inputs, list(node.output), name=node.name,
                                               domain="com.microsoft", **{a.name: helper.get_attribute_value(a)
                                                                          for a in node.attribute})
@@ -238,7 +284,11 @@ def q_attention(model: onnx.ModelProto) -> int:
         readers[dq_w.output[0]] -= 1
     if not replaced:
         return 0
-    _splice(graph, {k: [v] for k, v in replaced.items()}, readers)
+    nodes = _splice(graph, {k: [v] for k, v in replaced.items()}, readers)
+    used = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name in used or t.name not in dropped]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
     return len(replaced)
 
 
