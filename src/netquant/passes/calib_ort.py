@@ -7,8 +7,8 @@ tensors the observers need exposed as extra graph outputs, and feeds the same ob
 Which observers: per-tensor observers that read only a batch's extrema (`Observer.reads_values` False and
 `order_invariant`: min-max, onnxruntime's platform default). Per batch, onnxruntime's (min, max) of each tensor is
 kept (two floats; ReduceMin / ReduceMax / ReduceSum nodes in onnxruntime instead, to copy out 3 scalars per tensor,
-took longer: 1.14-1.2x the run time on squeezenet and inception_v1); the observer is fed those pairs at the end, which leaves a
-min-max observer in the state the whole tensors would (its state is the running extremes).
+took longer: 1.14-1.2x the run time on squeezenet and inception_v1); the observer is fed those pairs at the end,
+which leaves a min-max observer in the state the whole tensors would (its state is the running extremes).
 
 Identical statistics. onnxruntime and the executor compute the same float32 values up to summation order (another
 conv / matmul kernel), so a range end may differ in its last bits. Calibration's range rounding (calib.ranges,
@@ -46,6 +46,7 @@ executor's (measured, same threads). An end undecided on every first batch recur
 batch would need an executor re-run, so auto keeps (or goes back to) the executor (`recurring_end`; a lower end
 the executor's first batches reached at the tensor's floor is exact and does not count).
 """
+
 from __future__ import annotations
 
 import enum
