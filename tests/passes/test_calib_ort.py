@@ -15,10 +15,11 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from netquant.api import quantize_onnx, zoo
-from netquant.graph import load_onnx
-from netquant.passes.calib_ort import CalibEngine, LaterBatches, rounded, undecided, value_floors
+from netquant.graph import Executor, load_onnx
+from netquant.passes.calib_ort import CalibEngine, LaterBatches, rounded, undecided
 from netquant.passes.flat_ranges import clip_bounds
 from netquant.passes.quantizer import GraphIndex
+from netquant.passes.value_floors import value_floors
 from tests.helpers.export_models import conv_net
 from tests.helpers.quant_params import tensor_params as _params
 
@@ -55,29 +56,61 @@ def test_cnn_scales_bit_identical() -> None:
         assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], rtol=1e-4, atol=1e-5) for k in a)
 
 
-def _hard_swish_model() -> onnx.ModelProto:
-    """x[1,8] -> MatMul -> h * HardSigmoid(h) (hard-swish: minimum -0.375 at h = -1.5, a rounding boundary) -> MatMul."""
+def _hard_swish_model(activation: str = "hard_swish") -> onnx.ModelProto:
+    """x[1,8] -> MatMul -> h * HardSigmoid(h) (hard-swish: minimum -0.375 at h = -1.5, a rounding boundary) -> z =
+    0.031 * a - 4.7e-5 (PP-OCRv4's learned affine after hard-swish) -> MatMul; activation 'max': a = Max(h, -0.375)
+    -> MatMul instead (the same minimum on every batch, a rounding boundary without a floor netquant derives)."""
     rng = np.random.default_rng(0)
     w1 = numpy_helper.from_array((rng.standard_normal((8, 4096)) * 0.7).astype(np.float32), "w1")
     w2 = numpy_helper.from_array(rng.standard_normal((4096, 4)).astype(np.float32), "w2")
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
-             helper.make_node("HardSigmoid", ["h"], ["g"], alpha=1 / 6, beta=0.5),
-             helper.make_node("Mul", ["h", "g"], ["a"]),
-             helper.make_node("MatMul", ["a", "w2"], ["y"])]
+    consts = [numpy_helper.from_array(np.array(v, np.float32), k)
+              for k, v in (("k", [0.03095054]), ("b", [-4.651e-05]), ("m", -0.375))]
+    act = ([helper.make_node("HardSigmoid", ["h"], ["g"], alpha=1 / 6, beta=0.5),
+            helper.make_node("Mul", ["h", "g"], ["a"])] if activation == "hard_swish" else
+           [helper.make_node("Max", ["h", "m"], ["a"])])
+    affine = [helper.make_node("Mul", ["k", "a"], ["ka"]), helper.make_node("Add", ["ka", "b"], ["z"])]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), *act, *(affine if activation == "hard_swish" else []),
+             helper.make_node("MatMul", ["z" if activation == "hard_swish" else "a", "w2"], ["y"])]
     graph = helper.make_graph(nodes, "hswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w1, w2])
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w1, w2, *consts])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+def _auto(model: onnx.ModelProto, batches: list[Any], monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr("netquant.passes.calibration.ORT_WORTH_S", 0.0)  # auto's speed rules aside: tiny model
+    monkeypatch.setattr("netquant.passes.calibration.ORT_FASTER", math.inf)
+    return quantize_onnx(model, batches, objective=None, quiet=True, threads=1, simplify=False)
+
+
+def test_hard_swish_minimum_is_settled_by_its_floor(monkeypatch: pytest.MonkeyPatch) -> None:
+    model, batches = _hard_swish_model(), _images(12, (1, 8), seed=5)
+    graph = load_onnx(model)
+    floors = value_floors(graph, lambda n: -math.inf)
+    assert floors["a"] == -0.375 and floors["ka"] == float(np.float32(np.float32(0.03095054) * np.float32(-0.375)))
+    assert floors["z"] == float(np.float32(floors["ka"]) + np.float32(-4.651e-05))
+    # the data reach it: every batch's minimum of a lies within 6e-6 of -0.375 (a rounding boundary: undecided
+    # without the floor), one batch's is -0.375 itself and z's the floor of z
+    with torch.no_grad():
+        runs = [Executor(graph).run({"x": torch.from_numpy(b)}, outputs=["a", "z"]) for b in batches]
+    lows = [float(r["a"].min()) for r in runs]
+    assert min(lows) == -0.375 and max(lows) < -0.375 + 6e-6 and min(float(r["z"].min()) for r in runs) == floors["z"]
+    ex, ort = _both(model, batches, simplify=False)
+    c = ort.qgraph.calibration
+    assert c.engine == "onnxruntime" and c.exact_reruns == 0  # no batch goes below the floor: nothing to re-run
+    _assert_same_params(ex, ort)
+    auto = _auto(model, batches, monkeypatch)
+    assert auto.qgraph.calibration.engine == "onnxruntime" and auto.qgraph.calibration.exact_reruns == 0
+    _assert_same_params(ex, auto)
+
+
 def test_range_end_on_a_rounding_boundary_is_settled_by_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:
-    batches = _images(12, (1, 8), seed=5)
-    ex, ort = _both(_hard_swish_model(), batches, simplify=False)
+    model, batches = _hard_swish_model("max"), _images(12, (1, 8), seed=5)
+    assert "a" not in value_floors(load_onnx(model), lambda n: -math.inf)  # (Max has no floor here)
+    ex, ort = _both(model, batches, simplify=False)
     c = ort.qgraph.calibration
     assert c.engine == "onnxruntime" and c.exact_reruns > 0  # -0.375 +- noise: the executor's value decides
     _assert_same_params(ex, ort)
-    monkeypatch.setattr("netquant.passes.calibration.ORT_WORTH_S", 0.0)  # auto's speed rules aside: tiny model
-    monkeypatch.setattr("netquant.passes.calibration.ORT_FASTER", math.inf)
-    auto = quantize_onnx(_hard_swish_model(), batches, objective=None, quiet=True, threads=1, simplify=False)
+    auto = _auto(model, batches, monkeypatch)
     assert auto.qgraph.calibration.engine == "executor"
     assert "recurs on a rounding boundary" in auto.qgraph.calibration.engine_note
     _assert_same_params(ex, auto)
@@ -127,7 +160,8 @@ def test_undecided_range_ends_by_hand() -> None:
         later.add(i, {"t": (lo, 0.7 + 0.01 * i)})  # upper end 0.72: far from a boundary
     assert later.undecided_batches({}, 1e-6, 8, {}) == {"t": {0, 2}}
     assert later.undecided_batches({}, 1e-6, 8, {"t": -0.375}) == {}
-    assert math.isinf(value_floors(load_onnx(_hard_swish_model()), lambda n: -math.inf).get("a", -math.inf))
+    # a graph input's extrema are read from the batch itself: exact, never undecided
+    assert later.undecided_batches({}, 1e-6, 8, {}, exact_tensors=frozenset({"t"})) == {}
 
 
 def test_value_floors_follow_op_definitions() -> None:
@@ -156,3 +190,33 @@ def test_auto_keeps_large_weights_on_the_executor(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr("netquant.passes.calibration.AUTO_MAX_WEIGHT_BYTES", 1000)  # conv_net holds ~3.5 kB
     qm = quantize_onnx(conv_net(batch=1), _images(6), objective=None, quiet=True, threads=1)
     assert qm.qgraph.calibration.engine == "executor" and "MiB of weights" in qm.qgraph.calibration.engine_note
+
+
+@pytest.mark.slow
+def test_ppocr_rec_scales_bit_identical(monkeypatch: pytest.MonkeyPatch) -> None:
+    # PP-OCRv4 rec: its hard-swish minima behind learned affines (w * h + b) end on a rounding boundary in every
+    # batch (the recurring end that kept auto on the executor); their floors, the graph input's exact extrema and each
+    # tensor's own noise leave at most one later batch to re-run
+    from netquant.data.ocr import rec_batch
+    from netquant.data.text_render import make_text_lines
+
+    x = rec_batch(make_text_lines(128, seed=1000))
+    batches = [x[i:i + 16] for i in range(0, len(x), 16)]
+    path = str(zoo.ppocr_model_path("rec"))
+    kw: dict[str, Any] = {"objective": None, "quiet": True, "threads": 1}
+    ex = quantize_onnx(path, batches, **kw)  # auto: batches of 16 samples stay on the executor
+    assert ex.qgraph.calibration.engine == "executor" and "hold 16 samples" in ex.qgraph.calibration.engine_note
+    monkeypatch.setattr("netquant.passes.calibration.ORT_BELOW_SAMPLES", 10 ** 6)  # auto's speed rules aside
+    monkeypatch.setattr("netquant.passes.calibration.ORT_FASTER", math.inf)
+    auto = quantize_onnx(path, batches, **kw)
+    c = auto.qgraph.calibration
+    assert c.engine == "onnxruntime" and c.engine_note == "" and c.ort_runs == 6 and c.exact_reruns <= 1
+    _assert_same_params(ex, auto)
+
+
+def test_auto_keeps_batches_of_many_samples_on_the_executor() -> None:
+    qm = quantize_onnx(conv_net(), [np.concatenate(_images(8, seed=s)) for s in range(4)], objective=None,
+                       quiet=True, threads=1)
+    c = qm.qgraph.calibration
+    assert c.stack_blocker == "the batches already hold 8 samples" and c.engine == "executor"
+    assert "hold 8 samples" in c.engine_note and c.ort_runs == 0

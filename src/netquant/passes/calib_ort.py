@@ -1,13 +1,14 @@
 """FP32 calibration statistics from onnxruntime, identical to the executor's.
 
 Where onnxruntime runs the FP32 graph faster than netquant's torch executor (batch-1 CNNs such as the onnx light
-models, whose static batch dim rules out stacking), calibration runs the cleaned-up graph in onnxruntime with only the
+models, whose static batch dim rules out stacking), calibration runs the cleaned-up graph in onnxruntime with the
 tensors the observers need exposed as extra graph outputs, and feeds the same observers.
 
 Which observers: per-tensor observers that read only a batch's extrema (`Observer.reads_values` False and
 `order_invariant`: min-max, onnxruntime's platform default). Per batch, onnxruntime's (min, max) of each tensor is
-kept (two floats); the observer is fed those pairs at the end, which leaves a min-max observer in the state the whole
-tensors would (its state is the running extremes).
+kept (two floats; ReduceMin / ReduceMax / ReduceSum nodes in onnxruntime instead, to copy out 3 scalars per tensor,
+took longer: 1.14-1.2x the run time on squeezenet and inception_v1); the observer is fed those pairs at the end,
+which leaves a min-max observer in the state the whole tensors would (its state is the running extremes).
 
 Identical statistics. onnxruntime and the executor compute the same float32 values up to summation order (another
 conv / matmul kernel), so a range end may differ in its last bits. Calibration's range rounding (calib.ranges,
@@ -17,24 +18,33 @@ range_bits, default 8) absorbs that except where an end lies within that noise o
    stacking is ruled out up front, a static batch dim, only the first one, and onnxruntime runs the other validation
    batches with the graph outputs fetched as that reference) also run in onnxruntime; delta = the largest
    |onnxruntime - executor| of any observed tensor's extremum over them, relative to the tensor's magnitude.
-   delta > CHECK_RTOL (an op onnxruntime computes another way): executor only;
-2. each later range end then lies within margin = NOISE_SAFETY * max(delta, NOISE_FLOOR) * magnitude of
-   onnxruntime's (`undecided`): where every value in that interval rounds to the same end, onnxruntime's value gives
-   the executor's scale; where it does not, the executor runs the few batches whose onnxruntime extremum could be
-   the end, and their exact values are fed instead.
+   delta > CHECK_RTOL (an op onnxruntime computes another way): executor only. On the first batch each observed
+   tensor is also compared element by element (up to KEEP_BYTES of the executor's tensors kept): its own
+   difference by magnitude (passes.calib_noise), so a tensor spanning [-1.3, 74] gets the margin of its values
+   near -1.3 at its lower end, not one scaled by 74;
+2. each later range end then lies within margin = NOISE_SAFETY * max(noise at twice the end's magnitude,
+   NOISE_FLOOR * magnitude) of onnxruntime's (where a tensor was not compared: NOISE_SAFETY * max(delta,
+   NOISE_FLOOR) * the tensor's magnitude) (`undecided`); graph inputs' extrema are read from the batch itself
+   (exact); a lower end cannot go below the tensor's value floor (passes.value_floors: ReLU's 0, hard-swish's
+   minimum -0.375 as both engines compute it, carried through w * h + b). Where every value in that interval
+   rounds to the same end, onnxruntime's value gives the executor's scale; where it does not, the executor runs the
+   few batches whose onnxruntime extremum could be the end, and their exact values are fed instead.
 
 The scales and zero points are then those of executor-only calibration whenever the engines differ on a later batch
-by at most NOISE_SAFETY times the largest difference seen on the first batches (tests: bit-identical params on CNNs,
-the light models and a model with undecided ends). range_bits=None (exact ranges) always runs the executor.
+by at most NOISE_SAFETY times the difference seen on the first batch (tests: bit-identical params on CNNs, the light
+models, PP-OCRv4 rec and models with undecided ends). range_bits=None (exact ranges) always runs the executor.
 
 Choice (CalibEngine.AUTO): onnxruntime is tried only for graphs of at most AUTO_MAX_WEIGHT_BYTES of initializers (its
 session's build grows with the weights and is paid before its speed is known: vgg19's 548 MB took longer to
-quantize with it, 1.18x ORT MinMax's time vs 0.96x with the executor), where stacking is ruled out (a static batch dim, batch-dependent
-observers, batches of STACK_WORTH_BELOW or more samples), the data can be read twice (a materialised set) and the
-executor's time for the remaining batches (its fastest first-batch run x their number) is at least ORT_WORTH_S; it
-is used when its fastest first-batch run takes at most ORT_FASTER of the executor's (measured, same threads).
-An end undecided on every first batch recurs on a rounding boundary (hard-swish's minimum -0.375): every batch would
-need an executor re-run, so auto keeps (or goes back to) the executor (`recurring_end`).
+quantize with it, 1.18x ORT MinMax's time vs 0.96x with the executor), where stacking is ruled out (a static batch
+dim, batch-dependent observers) on batches of fewer than ORT_BELOW_SAMPLES samples (on batches of 16, the executor's
+kernels dominate its time and onnxruntime took 0.75-0.95x of it per batch on PP-OCRv4 rec, the encoder, ViT and
+DistilBERT: the session's build and the check runs cost more than the later batches save), the data can be read
+twice (a materialised set) and the executor's time for the remaining batches (its fastest first-batch run x their
+number) is at least ORT_WORTH_S; it is used when its fastest first-batch run takes at most ORT_FASTER of the
+executor's (measured, same threads). An end undecided on every first batch recurs on a rounding boundary: every
+batch would need an executor re-run, so auto keeps (or goes back to) the executor (`recurring_end`; a lower end
+the executor's first batches reached at the tensor's floor is exact and does not count).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ import torch
 from netquant.calib.ranges import round_range_outward
 from netquant.core.spec import Granularity
 from netquant.errors import ConfigError
+from netquant.passes.calib_noise import KEEP_ELEMENTS, Kept, NoiseProfile
 
 CHECK_RTOL = 1e-4  # onnxruntime's first-batch extrema must match the executor's this closely (relative)
 NOISE_SAFETY = 4.0  # later batches may differ by this many times the largest first-batch difference
@@ -59,7 +70,9 @@ NOISE_FLOOR = 2.0 ** -22  # relative: below a float32 ulp-level difference nothi
 ORT_WORTH_S = 0.25  # auto: onnxruntime is tried when the executor would need at least this long for the rest
 ORT_FASTER = 0.95  # auto: ... and used when its per-batch time is at most this share of the executor's (its session is
 # built by then: any gain on the remaining batches counts, less a margin for timing noise)
+ORT_BELOW_SAMPLES = 8  # auto: onnxruntime is tried on batches of fewer samples (module docstring)
 AUTO_MAX_WEIGHT_BYTES = 64 << 20  # auto: larger weights stay on the executor (the session's build grows with them)
+KEEP_BYTES = 256 << 20  # the executor's observed tensors of the first batch kept for the elementwise comparison ...
 MAX_MODEL_BYTES = 1 << 30  # larger graphs (protobuf's 2 GiB limit with extra outputs) stay on the executor
 FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
 
@@ -112,41 +125,6 @@ def rounded(v: float, bits: int) -> float:
     return float(round_range_outward(t, t, bits)[1][0])
 
 
-NON_NEGATIVE_OPS = frozenset({"Relu", "Sigmoid", "Softmax", "Abs", "Exp", "HardSigmoid", "Softplus"})
-FLOOR_KEEPING_OPS = frozenset({"MaxPool", "GlobalMaxPool", "Reshape", "Flatten", "Transpose", "Squeeze", "Unsqueeze",
-                               "Concat", "Slice", "Identity", "Split"})  # outputs are some of the inputs' values
-AVERAGING_OPS = frozenset({"AveragePool", "GlobalAveragePool"})  # means of the inputs' values (and padding zeros)
-
-
-def value_floors(graph: Any, clip_min: Any) -> dict[str, float]:
-    """{tensor: F} where every engine computes values >= F by the ops' definition alone (Relu, Sigmoid, Softmax, ...
-    -> 0; Clip -> its min; max-pooling and data movement keep their inputs' floor, averaging min(floor, 0), LRN of
-    non-negative values 0), so onnxruntime
-    and the executor cannot differ below it: a ReLU's lower range end 0 is then decided without an executor run.
-    clip_min(node): a Clip node's constant lower bound (-inf when none)."""
-    floors: dict[str, float] = {}
-    for node in graph.nodes:
-        op = node.op_type
-        ins = [floors.get(i, -math.inf) for i in node.inputs if i]
-        if op in NON_NEGATIVE_OPS:
-            f = 0.0
-        elif op == "Clip":
-            f = max(float(clip_min(node)), ins[0] if ins else -math.inf)
-        elif op in FLOOR_KEEPING_OPS and ins:
-            f = ins[0] if op != "Concat" else min(ins)
-        elif op in AVERAGING_OPS and ins:
-            f = min(ins[0], 0.0)
-        elif op == "LRN" and ins and ins[0] >= 0.0:  # x / (bias + alpha / size * sum x^2) ^ beta, bias > 0
-            f = 0.0
-        else:
-            continue
-        if f > -math.inf:
-            for o in node.outputs:
-                if o:
-                    floors[o] = f
-    return floors
-
-
 def undecided(exact: float | None, ort: Sequence[float], margin: float, bits: int,
               ceiling: float = math.inf) -> list[int]:
     """Upper range end (max) over an exactly known part `exact` (None: none) and batches whose executor maxima lie
@@ -176,15 +154,23 @@ def _extrema(x: torch.Tensor) -> tuple[float, float] | None:
 
 @dataclass
 class FirstBatches:
-    """The executor's (min, max) per observed tensor over the first batches, and its fastest run."""
+    """The executor's (min, max) per observed tensor over the first batches, its fastest run, and (keep_bytes > 0)
+    the observed tensors of its first run (strided, `Kept`), up to keep_bytes (onnxruntime's elementwise comparison,
+    passes.calib_noise)."""
 
     ranges: dict[str, tuple[float, float]] = field(default_factory=dict)
     run_s: list[float] = field(default_factory=list)
+    kept: dict[str, Kept] = field(default_factory=dict)
+    keep_bytes: int = 0
 
     def add(self, name: str, x: torch.Tensor) -> None:
-        got = _extrema(x.detach().float())
+        x = x.detach().float()
+        got = _extrema(x)
         if got is None:
             return
+        if not self.run_s and name not in self.kept and min(x.numel(), KEEP_ELEMENTS) * 4 <= self.keep_bytes:
+            self.kept[name] = Kept.of(x)
+            self.keep_bytes -= self.kept[name].values.numel() * 4
         old = self.ranges.get(name)
         self.ranges[name] = got if old is None else (min(old[0], got[0]), max(old[1], got[1]))
 
@@ -208,13 +194,17 @@ class OrtStatistics:
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.run_s: list[float] = []
         self.first: list[dict[str, tuple[float, float] | None]] = []  # extrema of the first batches run here
+        self.noise: dict[str, NoiseProfile] = {}  # tensor -> its difference from the executor by magnitude
 
-    def extrema(self, batch: Mapping[str, torch.Tensor]) -> dict[str, tuple[float, float] | None] | None:
+    def extrema(self, batch: Mapping[str, torch.Tensor], executor: Mapping[str, Kept] | None = None
+                ) -> dict[str, tuple[float, float] | None] | None:
         """{tensor: (min, max) or None when empty} for one batch; None when a value is not finite or not float (the
-        executor then runs the batch, and its observers say what is wrong)."""
-        return self.run(batch, False)[0]
+        executor then runs the batch, and its observers say what is wrong). executor: its tensors of this batch
+        (FirstBatches.kept): each one's difference is recorded in self.noise (passes.calib_noise)."""
+        return self.run(batch, False, executor)[0]
 
-    def run(self, batch: Mapping[str, torch.Tensor], with_outputs: bool
+    def run(self, batch: Mapping[str, torch.Tensor], with_outputs: bool,
+            executor: Mapping[str, Kept] | None = None
             ) -> tuple[dict[str, tuple[float, float] | None] | None, dict[str, torch.Tensor]]:
         """(extrema as `extrema` gives them, the graph outputs as tensors when with_outputs); (None, {}) when
         onnxruntime fails on the batch."""
@@ -229,9 +219,9 @@ class OrtStatistics:
         named = dict(zip(self.fetched + extra, outs))
         graph_out = {o: torch.from_numpy(np.asarray(named[o])) for o in self.graph_outputs if o in named} \
             if with_outputs else {}
-        return self._extrema_of(batch, outs[:len(self.fetched)]), graph_out
+        return self._extrema_of(batch, outs[:len(self.fetched)], executor or {}), graph_out
 
-    def _extrema_of(self, batch: Mapping[str, torch.Tensor], outs: Sequence[Any]
+    def _extrema_of(self, batch: Mapping[str, torch.Tensor], outs: Sequence[Any], executor: Mapping[str, Kept]
                     ) -> dict[str, tuple[float, float] | None] | None:
         got: dict[str, tuple[float, float] | None] = {}
         arrays = [*zip(self.fetched, outs), *((t, batch[t]) for t in self.from_feed)]
@@ -243,6 +233,10 @@ class OrtStatistics:
             if e is not None and not (math.isfinite(e[0]) and math.isfinite(e[1])):
                 return None
             got[name] = e
+            if name in executor and name not in self.from_feed:
+                profile = NoiseProfile.measure(t, executor[name])
+                if profile is not None:
+                    self.noise[name] = profile
         return got
 
 
@@ -277,16 +271,20 @@ def build_ort_model(graph: Any, tensors: Sequence[str]) -> bytes | None:
 
 
 def recurring_end(ort_first: Sequence[Mapping[str, tuple[float, float] | None]], delta: float, bits: int,
-                  floors: Mapping[str, float]) -> str | None:
+                  floors: Mapping[str, float], noise: Mapping[str, NoiseProfile] | None = None,
+                  exact: frozenset[str] = frozenset(),
+                  executor: Mapping[str, tuple[float, float]] | None = None) -> str | None:
     """A tensor whose range end onnxruntime leaves undecided on every one of these (at least two) batches: its end
-    recurs on a rounding boundary (hard-swish's minimum -0.375), so every later batch would need an executor re-run;
-    None when there is none."""
+    recurs on a rounding boundary, so every later batch would need an executor re-run; None when there is none.
+    A lower end the executor's first batches (`executor`: their ranges) reached at the tensor's floor (hard-swish's
+    minimum -0.375, behind w * h + b) is known exactly: no later batch goes below it."""
     if len(ort_first) < 2:
         return None
     trial = LaterBatches()
     for i, g in enumerate(ort_first):
         trial.add(i, g)
-    return next((k for k, v in trial.undecided_batches({}, delta, bits, floors).items()
+    pinned = {k: (f, f) for k, f in floors.items() if executor and k in executor and executor[k][0] == f}
+    return next((k for k, v in trial.undecided_batches(pinned, delta, bits, floors, noise, exact).items()
                  if len(v) == len(ort_first)), None)
 
 
@@ -294,6 +292,26 @@ def first_batch_delta(executor: Mapping[str, tuple[float, float]],
                       ort: Sequence[Mapping[str, tuple[float, float] | None]]) -> tuple[float, str]:
     """(largest relative difference of an extremum between the engines over the first batches, its tensor):
     |ort - executor| / max(|min|, |max|) per tensor, inf where a tensor is missing on one side."""
+    per = tensor_deltas(executor, ort)
+    where = max(per, key=lambda k: per[k], default="")
+    return (per[where] if where else 0.0), where
+
+
+def with_extrema(noise: Mapping[str, NoiseProfile], executor: Mapping[str, tuple[float, float]],
+                 ort: Sequence[Mapping[str, tuple[float, float] | None]]) -> dict[str, NoiseProfile]:
+    """The profiles with each tensor's extrema over all first batches compared too (the elementwise comparison
+    covered the first batch only)."""
+    merged = _merged(ort)
+    out = dict(noise)
+    for name, profile in noise.items():
+        a, b = executor.get(name), merged.get(name)
+        if a is not None and b is not None:
+            profile = profile.with_point(abs(a[0]), abs(a[0] - b[0])).with_point(abs(a[1]), abs(a[1] - b[1]))
+            out[name] = profile
+    return out
+
+
+def _merged(ort: Sequence[Mapping[str, tuple[float, float] | None]]) -> dict[str, tuple[float, float]]:
     merged: dict[str, tuple[float, float]] = {}
     for per_batch in ort:
         for name, e in per_batch.items():
@@ -301,16 +319,22 @@ def first_batch_delta(executor: Mapping[str, tuple[float, float]],
                 continue
             old = merged.get(name)
             merged[name] = e if old is None else (min(old[0], e[0]), max(old[1], e[1]))
-    worst, where = 0.0, ""
-    for name in executor.keys() | merged.keys():
+    return merged
+
+
+def tensor_deltas(executor: Mapping[str, tuple[float, float]],
+                  ort: Sequence[Mapping[str, tuple[float, float] | None]]) -> dict[str, float]:
+    """{tensor: relative difference of its extrema between the engines over the first batches} (first_batch_delta)."""
+    merged = _merged(ort)
+    per: dict[str, float] = {}
+    for name in sorted(executor.keys() | merged.keys()):
         a, b = executor.get(name), merged.get(name)
         if a is None or b is None:
-            return math.inf, name
+            per[name] = math.inf
+            continue
         scale = max(abs(a[0]), abs(a[1]), FLOAT32_TINY)
-        d = max(abs(a[0] - b[0]), abs(a[1] - b[1])) / scale
-        if d > worst:
-            worst, where = d, name
-    return worst, where
+        per[name] = max(abs(a[0] - b[0]), abs(a[1] - b[1])) / scale
+    return per
 
 
 @dataclass
@@ -325,17 +349,29 @@ class LaterBatches:
                 self.per_tensor.setdefault(name, []).append((index, e[0], e[1]))
 
     def undecided_batches(self, first: Mapping[str, tuple[float, float]], delta: float, bits: int,
-                          floors: Mapping[str, float]) -> dict[str, set[int]]:
+                          floors: Mapping[str, float], noise: Mapping[str, NoiseProfile] | None = None,
+                          exact_tensors: frozenset[str] = frozenset()) -> dict[str, set[int]]:
         """{tensor: batch indices the executor must run} for the range ends onnxruntime leaves undecided (floors:
-        value_floors)."""
+        value_floors). An end's margin is NOISE_SAFETY x the tensor's difference between the engines at the end's
+        magnitude (noise: passes.calib_noise, measured on the first batch; where not measured, delta, the largest
+        relative extremum difference of any tensor, x the tensor's magnitude); exact_tensors (graph inputs, read
+        from the batch itself) have none."""
         need: dict[str, set[int]] = {}
-        rel = NOISE_SAFETY * max(delta, NOISE_FLOOR)
+        noise = noise or {}
         for name, rows in self.per_tensor.items():
+            if name in exact_tensors:
+                continue
             exact = first.get(name)
-            mags = [abs(v) for _, lo, hi in rows for v in (lo, hi)] + ([abs(exact[0]), abs(exact[1])] if exact else [])
-            margin = rel * max(max(mags), FLOAT32_TINY)
-            his = undecided(exact[1] if exact else None, [hi for _, _, hi in rows], margin, bits)
-            los = undecided(-exact[0] if exact else None, [-lo for _, lo, _ in rows], margin, bits,
+            lo_mag = max([abs(lo) for _, lo, _ in rows] + ([abs(exact[0])] if exact else []))
+            hi_mag = max([abs(hi) for _, _, hi in rows] + ([abs(exact[1])] if exact else []))
+            profile = noise.get(name)
+            if profile is None:
+                margin_lo = margin_hi = NOISE_SAFETY * max(delta, NOISE_FLOOR) * max(lo_mag, hi_mag, FLOAT32_TINY)
+            else:
+                margin_lo, margin_hi = (NOISE_SAFETY * max(profile.at(2.0 * m), NOISE_FLOOR * m, FLOAT32_TINY)
+                                        for m in (lo_mag, hi_mag))
+            his = undecided(exact[1] if exact else None, [hi for _, _, hi in rows], margin_hi, bits)
+            los = undecided(-exact[0] if exact else None, [-lo for _, lo, _ in rows], margin_lo, bits,
                             -floors.get(name, -math.inf))
             picked = {rows[i][0] for i in (*his, *los)}
             if picked:

@@ -29,6 +29,8 @@ from netquant.passes.base import Condition, PassBase, PassContext
 from netquant.passes.calib_ort import (
     AUTO_MAX_WEIGHT_BYTES,
     CHECK_RTOL,
+    KEEP_BYTES,
+    ORT_BELOW_SAMPLES,
     ORT_FASTER,
     ORT_WORTH_S,
     CalibEngine,
@@ -39,8 +41,8 @@ from netquant.passes.calib_ort import (
     first_batch_delta,
     ort_blocker,
     recurring_end,
-    value_floors,
     weight_bytes,
+    with_extrema,
 )
 from netquant.passes.calib_pool import SamplePool, pool_blocker
 from netquant.passes.calib_stack import (
@@ -63,6 +65,7 @@ from netquant.passes.flat_ranges import FlatRanges, clip_bounds
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
+from netquant.passes.value_floors import value_floors
 from netquant.platforms.threads import sample_workers
 
 
@@ -135,17 +138,22 @@ class CalibrationPass(PassBase):
             return None, 0.0, "the graph is too large for one onnxruntime model with extra outputs"
         try:
             ort = OrtStatistics(model, tensors, {v.name for v in graph.inputs}, [v.name for v in graph.outputs])
-            got = [ort.extrema(b) for b in first_batches]
+            # the first batch also elementwise against the executor's kept tensors: each tensor's own noise
+            got = [ort.extrema(b, first.kept if i == 0 else None) for i, b in enumerate(first_batches)]
         except Exception as exc:  # noqa: BLE001 - onnxruntime lacks an op or a type: the executor calibrates
             return None, 0.0, f"onnxruntime does not run the graph ({str(exc).splitlines()[0][:120]})"
+        finally:
+            first.kept.clear()
         if any(g is None for g in got):
             return None, 0.0, "onnxruntime fails, or gives a non-float or non-finite observed value, on the first batches"
-        delta, where = first_batch_delta(first.ranges, [g for g in got if g is not None])
+        ort.first = [g for g in got if g is not None]
+        delta, where = first_batch_delta(first.ranges, ort.first)
         if delta > CHECK_RTOL:
             return None, delta, f"onnxruntime's '{where}' differs from the executor's by {delta:.2g} (relative)"
-        ort.first = [g for g in got if g is not None]
+        ort.noise = with_extrema(ort.noise, first.ranges, ort.first)
         assert bits is not None  # ort_blocker
-        recurring = recurring_end([g for g in got if g is not None], delta, bits, floors)
+        recurring = recurring_end(ort.first, delta, bits, floors, ort.noise, frozenset(ort.from_feed),
+                                  first.ranges)
         if engine is CalibEngine.AUTO and recurring is not None:
             return None, delta, f"the range end of '{recurring}' recurs on a rounding boundary"
         t_ort = min(ort.run_s)
@@ -155,11 +163,10 @@ class CalibrationPass(PassBase):
 
     @staticmethod
     def _finish_ort(ex: Executor, later: LaterBatches, batches: dict[int, dict[str, Any]], first: FirstBatches,
-                    delta: float, bits: int, floors: dict[str, float], recording: list[FirstBatches],
-                    silent: list[bool],
-                    stats: CalibrationCounts) -> None:
+                    ort: OrtStatistics, delta: float, bits: int, floors: dict[str, float],
+                    recording: list[FirstBatches], silent: list[bool], stats: CalibrationCounts) -> None:
         """The executor's exact extrema for the range ends onnxruntime leaves undecided (calib_ort.undecided)."""
-        need = later.undecided_batches(first.ranges, delta, bits, floors)
+        need = later.undecided_batches(first.ranges, delta, bits, floors, ort.noise, frozenset(ort.from_feed))
         by_batch: dict[int, set[str]] = {}
         for name, indices in need.items():
             for i in indices:
@@ -245,8 +252,10 @@ class CalibrationPass(PassBase):
         ort_why = "calib_engine is 'executor'" if engine is CalibEngine.EXECUTOR else ort_blocker(
             [o for _, o in observed], tensors, top_level, ctx.settings.device, ctx.settings.range_bits,
             ctx.calib_data.num_batches is not None, ctx.settings.distributed)
-        floors = value_floors(graph, lambda n: clip_bounds(graph_index, n)[0]) if ort_why is None else {}
-        first = FirstBatches()  # the executor's extrema and run times over the first batches (onnxruntime's check)
+        floors = value_floors(graph, lambda n: clip_bounds(graph_index, n)[0], graph_index.constant,
+                              lambda n: clip_bounds(graph_index, n)[1]) if ort_why is None else {}
+        # the executor's extrema and run times over the first batches (onnxruntime's check), its first run's tensors
+        first = FirstBatches(keep_bytes=KEEP_BYTES if ort_why is None else 0)
         recording: list[FirstBatches] = [first] if ort_why is None else []
         silent: list[bool] = []  # non-empty: a run that only records (exact values of undecided range ends)
         ort: OrtStatistics | None = None
@@ -313,6 +322,11 @@ class CalibrationPass(PassBase):
             for index, batch in enumerate(ctx.track(data, "calibrating", total=data.num_batches)):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
+                    given = samples_in(batch)
+                    if engine is CalibEngine.AUTO and ort_why is None and given >= ORT_BELOW_SAMPLES:
+                        ort_why = (f"the batches hold {given} samples (the executor's kernels dominate there: "
+                                   f"onnxruntime would not save its session's and check runs' time)")
+                        recording.clear()  # (nothing to compare)
                 if first_batches < VALIDATION_BATCHES and first_samples < VALIDATION_SAMPLES:
                     first_batches += 1
                     first_samples += samples_in(batch)
@@ -358,10 +372,12 @@ class CalibrationPass(PassBase):
                         ort, delta, ort_why = self._try_ort(graph, tensors, first, qgraph.validation_batches,
                                                             data.num_batches - first_batches, engine, bits, floors)
                     elif ort is not None and engine is CalibEngine.AUTO and bits is not None:
-                        recurring = recurring_end(ort.first, delta, bits, floors)  # (early path: now 2+ batches)
+                        recurring = recurring_end(ort.first, delta, bits, floors, ort.noise,  # (early path: 2+)
+                                                  frozenset(ort.from_feed), first.ranges)
                         if recurring is not None:  # back to the executor; the batches run so far are settled below
                             ort, ort_why = None, f"the range end of '{recurring}' recurs on a rounding boundary"
                     recording.clear()
+                    first.kept.clear()
                 if shard is not None and not shard.owns(index, first_batches):
                     continue
                 if ort is not None:
@@ -408,7 +424,8 @@ class CalibrationPass(PassBase):
             if later.per_tensor:
                 if ort is not None:
                     assert bits is not None  # ort_blocker: range_bits=None stays on the executor
-                    self._finish_ort(ex, later, later_batches, first, delta, bits, floors, recording, silent, stats)
+                    self._finish_ort(ex, later, later_batches, first, ort, delta, bits, floors, recording, silent,
+                                     stats)
                 for cfg, obs in observed:
                     pairs = later.pairs(tensor_of[id(cfg)])
                     if pairs is not None:

@@ -107,7 +107,8 @@ class QuantSettings:
         samples as fit this many MiB of observed activations (at most 64), where that leaves every observer's input
         unchanged (order-invariant per-tensor observers, no op mixing the batch dim: checked); 0 = batches as given.
     calib_engine: the engine of FP32 calibration statistics (passes.calib_ort): 'auto' (onnxruntime where stacking is
-        ruled out and it measures faster on the first batches, with the executor's scales), 'executor', 'onnxruntime'
+        ruled out on batches of under 8 samples and it measures faster on the first batches, with the executor's
+        scales), 'executor', 'onnxruntime'
         (whenever its first-batch check passes).
     distributed: calibration sharded over the torch.distributed group (passes.distributed; torchrun's variables
         create a gloo group when none exists): every rank passes the same data, runs its share, and the observers are
