@@ -9,6 +9,8 @@ import json
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
 
 import netquant
 from netquant.api import zoo
@@ -80,3 +82,45 @@ def test_placement_keeps_clipped_ranges_only_where_its_loss_is_lower(encoder):
     assert bool(q.qgraph.clipped_ranges) == m["kept"]
     # the budget's all-INT8 loss is the one of the ranges kept
     assert q.placement.measured["loss_all_int8"] == min(m["loss_clipped"], m["loss_min_max"])
+
+
+def feed_forward_block(seed: int = 0):
+    """x[N, 16, 64] -> LayerNorm -> MatMul [64, 256] + bias -> erf GELU -> MatMul [256, 64] + bias -> + x: a block
+    whose local clipping the budget's loss rejects (the GELU passes a large value's clipping error)."""
+    k = 64
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(np.asarray(v, np.float32), n) for n, v in {
+        "g": rng.uniform(0.8, 1.2, k), "b": rng.normal(0, 0.1, k), "w1": rng.normal(0, 1 / np.sqrt(k), (k, 4 * k)),
+        "b1": rng.normal(0, 0.1, 4 * k), "w2": rng.normal(0, 1 / np.sqrt(4 * k), (4 * k, k)),
+        "b2": rng.normal(0, 0.1, k), "half": 0.5, "one": 1.0, "rsqrt2": 1 / np.sqrt(2)}.items()]
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["ln"], name="ln", axis=-1),
+             helper.make_node("MatMul", ["ln", "w1"], ["h0"], name="fc1"),
+             helper.make_node("Add", ["h0", "b1"], ["h1"], name="fc1_bias"),
+             helper.make_node("Mul", ["h1", "rsqrt2"], ["h2"], name="gelu_scale"),
+             helper.make_node("Erf", ["h2"], ["h3"], name="gelu_erf"),
+             helper.make_node("Add", ["h3", "one"], ["h4"], name="gelu_add"),
+             helper.make_node("Mul", ["h1", "h4"], ["h5"], name="gelu_mul"),
+             helper.make_node("Mul", ["h5", "half"], ["gelu"], name="gelu_half"),
+             helper.make_node("MatMul", ["gelu", "w2"], ["o0"], name="fc2"),
+             helper.make_node("Add", ["o0", "b2"], ["o1"], name="fc2_bias"),
+             helper.make_node("Add", ["o1", "x"], ["y"], name="residual")]
+    graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, k])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+
+
+def test_rejected_clipped_ranges_stay_rejected_from_the_placement_file(tmp_path):
+    model = feed_forward_block()
+    calib = [np.random.default_rng(s).normal(0, 1, (4, 16, 64)).astype(np.float32) for s in range(16)]
+    q = netquant.quantize_onnx(model, calib, quiet=True, matmul_ranges=True)
+    m = q.placement.measured["matmul_ranges"]
+    # measured: the budget's loss 5.14e-05 clipped vs 4.96e-05 min / max: the min / max ranges stay
+    assert m["tensors"] >= 1 and m["kept"] is False and m["loss_clipped"] > m["loss_min_max"]
+    assert not q.qgraph.clipped_ranges and not [r for r in q.qgraph.repairs if r.repair == NAME]
+    plain = netquant.quantize_onnx(model, calib, objective=None, quiet=True, matmul_ranges=False)
+    scale = {name: oc.inputs[0].params.scale for name, oc in plain.qgraph.op_configs.items() if name in ("fc1", "fc2")}
+    q.save_placement(tmp_path / "p.json")
+    again = netquant.quantize_onnx(model, calib, quiet=True, matmul_ranges=True, placement_from=tmp_path / "p.json")
+    for qm in (q, again):
+        for name, s in scale.items():
+            assert torch.equal(qm.qgraph.op_configs[name].inputs[0].params.scale, s)
