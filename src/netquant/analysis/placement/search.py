@@ -170,7 +170,9 @@ def _all_int8_unprofiled(s: SearchState, budget: AccuracyBudget, placement: Plac
                      "seconds": time.perf_counter() - start})
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
     placement.note = "; ".join(filter(None, [placement.note, "all INT8: no slower than the source model and within "
-                                             "the budget; per-region times not profiled (time cap)"]))
+                                             "the budget; per-region times not profiled (time cap)",
+                                             f"{len(edge)} edge region(s) float (measured['edge_floats'])" if edge
+                                             else ""]))
     return placement
 
 
