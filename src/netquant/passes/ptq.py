@@ -19,6 +19,7 @@ from netquant.passes.check_data import CheckDataPass
 from netquant.passes.cleanup import CleanupPass
 from netquant.passes.embeddings import EmbeddingPass
 from netquant.passes.manager import PassManager
+from netquant.passes.matmul_ranges import MatMulRangesPass
 from netquant.passes.progress import make_progress
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import QuantSettings
@@ -38,6 +39,7 @@ def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[Pas
         *staged(Stage.GRAPH),
         BuildConfigsPass(),
         CalibrationPass(),
+        *([MatMulRangesPass()] if _matmul_ranges(settings) else []),
         AlignmentPass(),
         BiasPass(),
         *staged(Stage.WEIGHTS),
@@ -46,6 +48,11 @@ def default_passes(settings: QuantSettings, calib_data: Any, extra: Sequence[Pas
         *staged(Stage.QUANTIZED),
         DeployabilityCheck(),
     ]
+
+
+def _matmul_ranges(settings: QuantSettings) -> bool:
+    """The settings' matmul_ranges choice, else the platform's."""
+    return bool(settings.matmul_ranges if settings.matmul_ranges is not None else settings.platform.matmul_ranges)
 
 
 @dataclass

@@ -213,6 +213,9 @@ class QuantizedGraph:
         # AdaRound: weight tensor -> its re-rounded value (the graph holds it while its op's weights are quantized)
         self.rounded_weights: dict[str, RoundedWeight] = {}
         self.repairs: list[RepairRecord] = []  # repair passes (pass manager context): what each changed
+        # passes.matmul_ranges: the MatMul inputs it clipped (ClippedRange: config, min / max and clipped params);
+        # placement keeps them only where the budget's loss is lower with them (analysis.placement.ranges)
+        self.clipped_ranges: list[Any] = []
         self.timings: dict[str, float] = {}  # pass name -> wall seconds (the pass manager)
         # placement: MatMul ops whose activation input is quantized at run time in the export (export.dynamic;
         # the executor's fake quantization keeps their calibrated static params)

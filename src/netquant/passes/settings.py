@@ -90,6 +90,8 @@ class QuantSettings:
         (passes.bias_correction); None = the platform's default (Platform.bias_correction).
     embeddings: store embedding tables (Gather of a float initializer of at least EMBEDDING_MIN_ELEMENTS) in int8
         with one scale per row (passes.embeddings); None = the platform's default (Platform.embeddings).
+    matmul_ranges: clip the activation range of weighted MatMul / Gemm / Attention inputs where that lowers the
+        op's output error (passes.matmul_ranges); None = the platform's default (Platform.matmul_ranges).
     objective: automatic placement (Objective; None = the platform's rules only, no measurement).
     max_loss: the accuracy budget of placement: 1 - output cosine vs FP32 by default, or with `metric` the allowed
         drop of metric(outputs, target) on `eval_data` ((inputs, target) pairs), in the metric's units; None = the
@@ -141,6 +143,7 @@ class QuantSettings:
     range_bits: int | None = 8
     bias_correction: bool | None = None  # None: the platform's choice (Platform.bias_correction)
     embeddings: bool | None = None  # None: the platform's choice (Platform.embeddings)
+    matmul_ranges: bool | None = None  # None: the platform's choice (Platform.matmul_ranges)
     target: CpuTarget | str | None = None
     weight_scheme: WeightScheme | str | None = None
     objective: Objective | str | None = Objective.BALANCED

@@ -112,6 +112,9 @@ ONNXRUNTIME_INT8 = _builtin(Platform(
     # word / position embedding tables int8 per row (a transformer's largest tensors; ORT quantize_dynamic
     # quantizes them too): measured in benchmarks/results/transformers.md
     embeddings=True,
+    # MatMul inputs (after LayerNorm / GELU) clipped where that lowers the MatMul's output error: transformer
+    # encoders' cosine vs FP32 (benchmarks/results/transformers.md)
+    matmul_ranges=True,
     aliases=("onnxruntime", "ort"),
     engine="onnxruntime",
 ))

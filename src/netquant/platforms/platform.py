@@ -237,6 +237,9 @@ class Platform:
     bias_correction: bool = False
     # embedding tables (Gather of a large float initializer) stored int8, one scale per row (passes.embeddings)
     embeddings: bool = False
+    # weighted MatMul / Gemm / Attention inputs get the clipped range that lowers the op's output error
+    # (passes.matmul_ranges)
+    matmul_ranges: bool = False
     aliases: tuple[str, ...] = ()  # short names get_platform and the CLI also accept ("trt", "ort", ...)
     # the wider integer format placement runs too-lossy regions in before float (None: INT8-or-float placement)
     wider: WiderFormat | None = None

@@ -35,3 +35,8 @@ WIDER_SHARE = 0.25
 # regions whose gain (the loss floating it saves) the budget measures, the noisiest first (None: all), per effort:
 # one fake-quant pass each on SENSITIVITY_SAMPLES samples
 RANKED_REGIONS: dict[Effort, int | None] = {Effort.FAST: 0, Effort.DEFAULT: 12, Effort.MAX: None}
+# edge floats (placement.edges): a Conv / MatMul / Gemm reading a model input or writing an output, holding at most
+# EDGE_MAX_WEIGHT_SHARE of the compute regions' weights, stays float where that saves at least EDGE_MIN_GAIN of the
+# all-INT8 loss (ViT-B/16's patch embedding: 0.7% of the weights, ~45% of the loss with pixels per tensor uint8)
+EDGE_MAX_WEIGHT_SHARE = 0.02
+EDGE_MIN_GAIN = 0.10

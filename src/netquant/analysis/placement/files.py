@@ -8,6 +8,7 @@ from pathlib import Path
 from netquant.analysis.attention import rewrite_from_dict
 from netquant.analysis.placement.budget import WideFactory, wide_graph
 from netquant.analysis.placement.inputs import model_hash
+from netquant.analysis.placement.ranges import reapply_clipped_ranges
 from netquant.analysis.placement.records import Placement
 from netquant.analysis.regions import find_regions, keep_float
 from netquant.analysis.wider import widen
@@ -44,6 +45,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
     if placement.wider_anchors():
         twin = wide_graph(qgraph, wide, f"placement file '{path}'")
         widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
+    reapply_clipped_ranges(qgraph, placement.measured)
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
     qgraph.dynamic_ops = set(placement.dynamic_anchors())
     qgraph.attention_rewrite = rewrite_from_dict(placement.measured.get("attention"), f"placement file '{path}'")

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netquant.analysis.placement.constants import FORMAT
+from netquant.analysis.placement.constants import EDGE_MIN_GAIN, FORMAT
 from netquant.atomic import write_text_atomic
 from netquant.errors import ConfigError
 
@@ -30,6 +30,9 @@ class Reason:
     DYNAMIC = "dynamic activation quantization timed faster"
     ALL_DYNAMIC = "dynamic: the file with every MatMul region dynamic timed fastest"
     WIDER_NOT_ENOUGH = "accuracy budget: float (every region in the wider format is not enough)"
+    EDGE = ("float: the first / last projection or a small embedding table, a small share of the weights, floating "
+            "it saves at least "
+            f"{EDGE_MIN_GAIN:.0%} of the all-INT8 loss (measured['edge_floats'])")
 
 
 # decisions of a region (RegionDecision.decision); DYNAMIC: int8 weights, the activation quantized at run time

@@ -10,6 +10,7 @@ import onnx
 from netquant.analysis.placement.budget import AccuracyBudget, WideFactory
 from netquant.analysis.placement.constants import (
     DEFAULT_MAX_LOSS,
+    EDGE_MIN_GAIN,
     MAX_ROUNDS,
     MIN_TIME_S,
     MIN_WEIGHTS,
@@ -21,9 +22,11 @@ from netquant.analysis.placement.constants import (
     WIDER_SHARE,
 )
 from netquant.analysis.placement.dynamic import choose_dynamic_and_attention
+from netquant.analysis.placement.edges import EdgeFloat, edge_candidates
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
+from netquant.analysis.placement.ranges import check_clipped_ranges
 from netquant.analysis.placement.records import FLOAT, INT8, WIDER, Placement, Reason, RegionDecision
 from netquant.analysis.profile import OTHER, region_times
 from netquant.analysis.regions import Region, find_regions, keep_float
@@ -134,19 +137,42 @@ def _budget_only(s: SearchState, budget: AccuracyBudget, placement: Placement, s
     return placement
 
 
+def edge_floats(s: SearchState, budget: AccuracyBudget, objective: Objective) -> dict[str, EdgeFloat]:
+    """The edge regions (placement.edges) kept float: floating each alone saves at least EDGE_MIN_GAIN of the
+    all-INT8 loss (the budget's meter; BALANCED / ACCURACY only, LATENCY has no accuracy budget)."""
+    if objective is Objective.LATENCY or budget.meter is None:
+        return {}
+    candidates = edge_candidates(s.qgraph.graph, s.regions)
+    if not candidates:
+        return {}
+    base = budget.loss(set())
+    out: dict[str, EdgeFloat] = {}
+    for a, share in candidates.items():
+        if s.settle({a}) != {a}:  # onnxruntime would quantize it anyway (or it drags others along)
+            continue
+        lf = budget.loss({a})
+        if base > 0 and base - lf >= EDGE_MIN_GAIN * base:
+            out[a] = EdgeFloat(a, share, base, lf)
+    return out
+
+
 def _all_int8_unprofiled(s: SearchState, budget: AccuracyBudget, placement: Placement, measured: dict[str, Any], start: float,
-                         time_budget_s: float) -> Placement:
+                         time_budget_s: float, edge: frozenset[str] = frozenset()) -> Placement:
     """BALANCED / ACCURACY decided by the whole-model check (all INT8 no slower than the source, within the budget)
-    when the cap leaves no time for per-region profiles: every region INT8, times not profiled."""
-    sens = budget.report(frozenset(), min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
-    placement.regions = decisions_of(s, frozenset(), sens, lambda a: Reason.WHOLE_MODEL)
+    when the cap leaves no time for per-region profiles: every region INT8 but the edge floats, times not
+    profiled."""
+    sens = budget.report(edge, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
+    keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(edge)])
+    placement.regions = decisions_of(s, edge, sens, lambda a: Reason.EDGE if a in edge else Reason.WHOLE_MODEL)
     measured.update({"speedup_vs_fp32": measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9),
-                     "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": budget.loss_of.get(frozenset()),
+                     "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": budget.loss(edge),
                      "profiles": 0, "profile_s": s.profile_s, "loss_passes": budget.meter.calls if budget.meter else 0,
                      "seconds": time.perf_counter() - start})
     placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
     placement.note = "; ".join(filter(None, [placement.note, "all INT8: no slower than the source model and within "
-                                             "the budget; per-region times not profiled (time cap)"]))
+                                             "the budget; per-region times not profiled (time cap)",
+                                             f"{len(edge)} edge region(s) float (measured['edge_floats'])" if edge
+                                             else ""]))
     return placement
 
 
@@ -191,6 +217,13 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
     all_anchors = set(s.by_anchor)
     measured: dict[str, Any] = {"timed_shapes": {k: list(v.shape) for k, v in (s.feeds or {}).items()}}
     budget = AccuracyBudget(s, max_loss, objective)
+    ranges = check_clipped_ranges(budget)
+    if ranges is not None:
+        measured["matmul_ranges"] = ranges
+    edges = edge_floats(s, budget, objective)
+    edge = frozenset(edges)
+    if edges:
+        measured["edge_floats"] = {a: e.as_dict() for a, e in sorted(edges.items())}
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
     int8_first_ok = False
@@ -206,7 +239,7 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
             time.perf_counter() > start + PROFILE_AFTER_SHARE * time_budget_s:
         # decided (all INT8, within the budget); the per-region profiles would only inform the report: not within
         # the cap
-        placement = _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s)
+        placement = _all_int8_unprofiled(s, budget, placement, measured, start, time_budget_s, edge)
         return choose_dynamic_and_attention(s, placement, source, max_loss, search_s or time_budget_s)
     if search_s is not None and not (int8_first_ok and (max_loss is None or budget.loss(set()) <= max_loss)):
         s.deadline = max(s.deadline, start + search_s)
@@ -290,6 +323,8 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
             placed_float, best, best_t = best, frozenset(all_anchors), p32.node_total_ms
             placement.note = "; ".join(filter(None, [placement.note, "the placed file timed slower than the source: "
                                                      "every region float (INT8 does not pay off on this CPU)"]))
+    if edge and objective is not Objective.LATENCY:  # the edge floats on top of the choice (a small share of the time)
+        best, placed_float = frozenset(best | edge), frozenset(placed_float | edge)
     final_loss = budget.loss(best) if budget.meter is not None else None
     sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
     keep_float(qgraph, [s.by_anchor[a] for a in sorted(best)])
@@ -298,6 +333,8 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
     def reason_of(a: str) -> str:
         if a in best and a not in placed_float:
             return Reason.ALL_FLOAT
+        if a in edge and a in best:
+            return Reason.EDGE
         if a in best:
             return Reason.BUDGET if a in budget_float else Reason.SLOWER
         if a in s.forced:

@@ -1,0 +1,118 @@
+"""Edge floats (analysis.placement.edges): a ViT-like encoder's patch embedding, a small share of the weights that
+reads the pixels, stays float where the budget measures a large loss saving; onnxruntime confirms the lower error;
+the decision is recorded and deterministic."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+import netquant
+from netquant.analysis.placement import FLOAT, Reason
+from netquant.analysis.placement.edges import edge_candidates
+from netquant.analysis.regions import find_regions
+
+C, LAYERS, IMAGE, PATCH = 96, 4, 32, 4
+TOKENS = (IMAGE // PATCH) ** 2
+
+
+def vit_like(seed: int = 0) -> onnx.ModelProto:
+    """pixels[N, 3, 32, 32] -> Conv 4x4 stride 4 (the patch embedding, 3 -> C) -> tokens [N, 64, C] -> LAYERS x
+    (LayerNorm -> MatMul [C, 4C] -> erf GELU -> MatMul [4C, C] -> + residual) -> y."""
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(v.astype(np.float32), k) for k, v in {
+        "wp": rng.normal(0, 0.1, (C, 3, PATCH, PATCH)), "bp": rng.normal(0, 0.02, C),
+        "shape": np.array([0, C, TOKENS]), "half": np.array(0.5), "one": np.array(1.0),
+        "rsqrt2": np.array(1 / np.sqrt(2))}.items()]
+    inits[2] = numpy_helper.from_array(np.array([0, C, TOKENS], np.int64), "shape")
+    nodes = [helper.make_node("Conv", ["pixels", "wp", "bp"], ["p0"], name="patch", kernel_shape=[PATCH, PATCH],
+                              strides=[PATCH, PATCH]),
+             helper.make_node("Reshape", ["p0", "shape"], ["p1"], name="flatten"),
+             helper.make_node("Transpose", ["p1"], ["h_0"], name="to_tokens", perm=[0, 2, 1])]
+    for i in range(LAYERS):
+        inits += [numpy_helper.from_array(v.astype(np.float32), f"{k}{i}") for k, v in {
+            "g": rng.uniform(0.8, 1.2, C), "b": rng.normal(0, 0.05, C), "w1_": rng.normal(0, 0.02, (C, 4 * C)),
+            "w2_": rng.normal(0, 0.02, (4 * C, C))}.items()]
+        x, o = f"h_{i}", f"h_{i + 1}"
+        nodes += [helper.make_node("LayerNormalization", [x, f"g{i}", f"b{i}"], [f"ln{i}"], name=f"ln{i}", axis=-1),
+                  helper.make_node("MatMul", [f"ln{i}", f"w1_{i}"], [f"f{i}"], name=f"fc1_{i}"),
+                  helper.make_node("Mul", [f"f{i}", "rsqrt2"], [f"e{i}"], name=f"gs{i}"),
+                  helper.make_node("Erf", [f"e{i}"], [f"r{i}"], name=f"erf{i}"),
+                  helper.make_node("Add", [f"r{i}", "one"], [f"a{i}"], name=f"ga{i}"),
+                  helper.make_node("Mul", [f"f{i}", f"a{i}"], [f"m{i}"], name=f"gm{i}"),
+                  helper.make_node("Mul", [f"m{i}", "half"], [f"gelu{i}"], name=f"gh{i}"),
+                  helper.make_node("MatMul", [f"gelu{i}", f"w2_{i}"], [f"d{i}"], name=f"fc2_{i}"),
+                  helper.make_node("Add", [f"d{i}", x], [o], name=f"res{i}")]
+    nodes[-1].output[0] = "y"
+    graph = helper.make_graph(nodes, "vit_like", [helper.make_tensor_value_info("pixels", TensorProto.FLOAT,
+                                                                                 ["N", 3, IMAGE, IMAGE])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", TOKENS, C])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    onnx.checker.check_model(model)
+    return model
+
+
+def pixels(n: int, seed: int) -> np.ndarray:
+    """Normalized images: smooth content plus a few bright pixels (the tail that sets a per-tensor input range)."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(0, 1, (n, 3, IMAGE, IMAGE))
+    spots = rng.random(x.shape) < 0.002
+    return (x + spots * rng.uniform(4, 8, x.shape)).astype(np.float32)
+
+
+def _loss(model: onnx.ModelProto, path, x: np.ndarray) -> float:
+    def run(m):
+        s = ort.InferenceSession(m, providers=["CPUExecutionProvider"])
+        return s.run(None, {"pixels": x})[0].ravel().astype(np.float64)
+
+    a, b = run(model.SerializeToString()), run(str(path))
+    return 1.0 - float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+@pytest.fixture(scope="module")
+def placed(tmp_path_factory):
+    model = vit_like()
+    calib = [pixels(1, s) for s in range(8)]
+    folder = tmp_path_factory.mktemp("edges")
+    out = {}
+    for label, kw in (("rules", {"objective": None}), ("placed", {}), ("again", {})):
+        q = netquant.quantize_onnx(model, calib, "onnxruntime_int8", quiet=True, matmul_ranges=False, **kw)
+        q.export(folder / f"{label}.onnx")
+        out[label] = q
+    return model, out, folder
+
+
+def test_patch_embedding_is_the_only_edge_candidate(placed):
+    _, out, _ = placed
+    q = out["rules"]
+    candidates = edge_candidates(q.qgraph.graph, find_regions(q.qgraph))
+    assert list(candidates) == ["patch"]
+    assert 0 < candidates["patch"] <= 0.02  # 3 x 16 x 96 of the 4 x 2 x 96 x 384 MatMul weights
+
+
+def test_edge_float_lowers_the_error_in_onnxruntime(placed):
+    model, out, folder = placed
+    p = out["placed"].placement
+    patch = next(r for r in p.regions if r.anchor == "patch")
+    assert patch.decision == FLOAT and patch.reason == Reason.EDGE
+    edge = p.measured["edge_floats"]["patch"]
+    assert edge["loss_float"] <= 0.9 * edge["loss_all_int8"]
+    assert all(r.decision != FLOAT for r in p.regions if r.anchor != "patch")
+    x = pixels(8, 1000)  # held out
+    rules, placed_loss = _loss(model, folder / "rules.onnx", x), _loss(model, folder / "placed.onnx", x)
+    assert placed_loss < 0.9 * rules  # the patch embedding float: the pixels' per-tensor error is gone
+
+
+def test_edge_floats_are_deterministic_and_saved(placed, tmp_path):
+    _, out, folder = placed
+    a, b = out["placed"].placement, out["again"].placement
+    assert a.measured["edge_floats"] == b.measured["edge_floats"]
+    # the float decisions (static or dynamic INT8 follows the timings: analysis.placement.dynamic)
+    assert [r.anchor for r in a.regions if r.decision == FLOAT] == [r.anchor for r in b.regions
+                                                                    if r.decision == FLOAT] == ["patch"]
+    a.save(tmp_path / "p.json")
+    text = (tmp_path / "p.json").read_text()
+    assert "edge_floats" in text and Reason.EDGE in text
