@@ -257,6 +257,32 @@ def test_placement_timing_is_kept_only_for_an_all_int8_placement() -> None:
     assert placement_timing(Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "x"), qm.qgraph) is None
 
 
+def test_placement_timing_of_a_placed_file_with_float_regions_is_kept() -> None:
+    """A placement with INT8 and float regions timed its placed file against the source in the same rounds
+    (placed_wall_ms): that pair is the export's timing; without that measurement, or with a region quantized at run
+    time, there is none."""
+    from netquant.analysis.placement.measure import whole_model_timing as placement_timing
+    from netquant.api.placement import Placement, RegionDecision
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(conv_relu_gemm(), calib_batches((1, 3, 8, 8), n=4), quiet=True, objective=None)
+    p = Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "1 - output cosine")
+    p.measured = {"source_fp32_wall_ms": 3.0, "all_int8_wall_ms": 4.0, "placed_wall_ms": 2.5,
+                  "all_float_wall_ms": 3.1, "timed_shapes": {"x": [1, 3, 8, 8]}}
+    p.regions = [RegionDecision("conv", "Conv", ["conv"], "int8", "faster"),
+                 RegionDecision("fc", "Gemm", ["fc"], "float", "slower")]
+    t = placement_timing(p, qm.qgraph)
+    assert t is not None and (t.fp32_ms, t.int8_ms, t.shapes) == (3.0, 2.5, {"x": (1, 3, 8, 8)})
+    qm.qgraph.dynamic_ops = {"fc"}
+    assert placement_timing(p, qm.qgraph) is None
+    qm.qgraph.dynamic_ops = set()
+    del p.measured["placed_wall_ms"]
+    assert placement_timing(p, qm.qgraph) is None
+    p.regions = [RegionDecision("conv", "Conv", ["conv"], "float", "all float")]  # the all-float fallback: not kept
+    assert placement_timing(p, qm.qgraph) is None
+
+
 def test_placement_session_of_the_source_is_the_fp32_reference_and_changes_no_byte(tmp_path):
     """Placement's onnxruntime session of the source model (one thread) is export's FP32 reference where export runs
     with one thread too; a reference built afresh gives the same file and the same comparison."""
