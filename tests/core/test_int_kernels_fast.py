@@ -7,7 +7,7 @@ import torch
 
 from netquant.core import int_kernels as ik
 from netquant.core.ops import quantize
-from netquant.core.spec import QuantSpec
+from netquant.core.spec import QuantSpec, RoundingPolicy
 
 CASES = [  # (weight shape, layout, per-channel axis or None)
     ((96, 40), ik.LayoutKind.ROWS, 1),  # MatMul B [K, N], per output column
@@ -116,3 +116,41 @@ def test_search_of_constant_rows_matches_generic(shape: tuple[int, ...], kind: i
     spec = QuantSpec.int8_per_channel(axis=0)
     limit = ik.PairSumLimit(ik.WeightLayout(kind))
     assert torch.equal(ik.pair_limited_scale(w, scale, zp, spec, limit), _generic_search(w, scale, zp, spec, limit))
+
+
+def _where_limited_error(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec,
+                         lim: float) -> torch.Tensor:
+    """The dense blocks' per-pair error as written before the float-only form: where(over, limited, plain)."""
+    from netquant.core.rounding import round_with_policy_
+
+    qmin, qmax = float(spec.qmin), float(spec.qmax)
+    t0, t1 = x0 * inv, x1 * inv
+    q0 = round_with_policy_(t0.clone(), spec.rounding, sign_source=t0).clamp_(qmin, qmax)
+    q1 = round_with_policy_(t1.clone(), spec.rounding, sign_source=t1).clamp_(qmin, qmax)
+    over = (q0 * q1 > 0) & ((q0 + q1).abs() > lim)
+    sign = t0.sign()
+    r0 = ((t0 - t1) * sign + lim).div(2).clamp(lim - 127, 127).round()
+    plain = (q0 - t0).square() + (q1 - t1).square()
+    limited = (t0 * sign - r0).square() + (t1 * sign - lim + r0).square()
+    return torch.where(over, limited, plain)
+
+
+@pytest.mark.parametrize("rounding", list(RoundingPolicy))
+def test_dense_limited_error_is_bitwise_the_where_form(rounding: RoundingPolicy) -> None:
+    """_limited_error computes in float arithmetic only (a 0 / 1 mask, limited * over + plain * (1 - over)): every
+    element's bits equal where(over, limited, plain) (strided pairs, zeros, exact ties, pairs at and over the limit),
+    so pair_limited_scale's sums, and the scales it picks, are unchanged."""
+    gen = torch.Generator().manual_seed(5)
+    spec = QuantSpec.int8_per_channel(axis=0, rounding=rounding)
+    for trial in range(40):
+        x = torch.randn(9, 2 * 37, generator=gen) * torch.rand(9, 2 * 37, generator=gen).pow(3)
+        if trial % 2:
+            x[:, 1::2] = x[:, 0::2] * 0.97  # same-signed pairs: many over the limit
+        x[0, :6] = torch.tensor([0.0, -0.0, 0.5, -0.5, 64.5 / 150, 63.5 / 150])  # zeros, ties at inv 2 and 150
+        inv = torch.rand(6, 9, 1, generator=gen) * 300 + 1
+        inv[0, 0, 0], inv[1, 0, 0] = 2.0, 150.0
+        x0, x1 = x[:, 0::2], x[:, 1::2]  # strided views, as _block_errors passes them
+        got = ik._limited_error(x0, x1, inv, spec, 128.0)
+        want = _where_limited_error(x0, x1, inv, spec, 128.0)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), trial
+    assert bool((want > 0).any())  # not all zero: the comparison is not trivial

@@ -377,3 +377,37 @@ def test_model_with_newest_ir_version_exports_a_model_onnxruntime_loads(tmp_path
     got = _session(path).run(None, {"x": images(2, seed=3)})[0]
     ref = qm.run({"x": torch.from_numpy(images(2, seed=3))})["y"].numpy()
     assert cosine(ref, got) >= 0.99
+
+
+def test_shared_builds_outlive_other_states_and_the_export_takes_them(tmp_path: Path) -> None:
+    """build_qdq_model(share=True) keeps the SHARED_BUILDS latest builds per graph: a build of another state (here
+    the DYNAMIC step's) does not drop the kept one, the export of that state takes it (no second build) and writes
+    the bytes a fresh build gives; a call without share empties what the graph kept."""
+    from netquant.export import onnx_qdq
+    from tests.helpers.onnx_models import calib_batches, matmul_model
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(matmul_model(), calib_batches((4, 6, 8)), quiet=True, objective=None)
+    q = qm.qgraph
+    static = onnx_qdq.build_qdq_model(q, share=True)[0]
+    assert onnx_qdq.build_qdq_model(q, share=True)[0] is static  # the same state: no second build
+    q.dynamic_ops = {"proj"}
+    dynamic = onnx_qdq.build_qdq_model(q, share=True)[0]
+    assert any(n.op_type == "MatMulInteger" for n in dynamic.graph.node)
+    q.dynamic_ops = set()
+    built = []
+    real_build = onnx_qdq._build
+    onnx_qdq._build = lambda *a: built.append(1) or real_build(*a)  # counts the builds the export makes
+    try:
+        qm.export(tmp_path / "a.onnx")
+        assert built == [] and len(onnx_qdq._SHARED.get(q, {})) == 0  # taken, and the kept ones dropped
+        qm.export(tmp_path / "b.onnx")
+        assert built == [1]
+    finally:
+        onnx_qdq._build = real_build
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    opsets = (None, 17, 19, 21)[:onnx_qdq.SHARED_BUILDS + 1]
+    for opset in opsets:  # the oldest of more than SHARED_BUILDS states (and opsets) is dropped
+        onnx_qdq.build_qdq_model(q, opset=opset, share=True)
+    assert [key[1] for key in onnx_qdq._SHARED[q]] == list(opsets[1:])

@@ -257,6 +257,32 @@ def test_placement_timing_is_kept_only_for_an_all_int8_placement() -> None:
     assert placement_timing(Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "x"), qm.qgraph) is None
 
 
+def test_placement_timing_of_a_placed_file_with_float_regions_is_kept() -> None:
+    """A placement with INT8 and float regions timed its placed file against the source in the same rounds
+    (placed_wall_ms): that pair is the export's timing; without that measurement, or with a region quantized at run
+    time, there is none."""
+    from netquant.analysis.placement.measure import whole_model_timing as placement_timing
+    from netquant.api.placement import Placement, RegionDecision
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(conv_relu_gemm(), calib_batches((1, 3, 8, 8), n=4), quiet=True, objective=None)
+    p = Placement("h", "onnxruntime_int8", "any", {}, "balanced", 0.02, "1 - output cosine")
+    p.measured = {"source_fp32_wall_ms": 3.0, "all_int8_wall_ms": 4.0, "placed_wall_ms": 2.5,
+                  "all_float_wall_ms": 3.1, "timed_shapes": {"x": [1, 3, 8, 8]}}
+    p.regions = [RegionDecision("conv", "Conv", ["conv"], "int8", "faster"),
+                 RegionDecision("fc", "Gemm", ["fc"], "float", "slower")]
+    t = placement_timing(p, qm.qgraph)
+    assert t is not None and (t.fp32_ms, t.int8_ms, t.shapes) == (3.0, 2.5, {"x": (1, 3, 8, 8)})
+    qm.qgraph.dynamic_ops = {"fc"}
+    assert placement_timing(p, qm.qgraph) is None
+    qm.qgraph.dynamic_ops = set()
+    del p.measured["placed_wall_ms"]
+    assert placement_timing(p, qm.qgraph) is None
+    p.regions = [RegionDecision("conv", "Conv", ["conv"], "float", "all float")]  # the all-float fallback: not kept
+    assert placement_timing(p, qm.qgraph) is None
+
+
 def test_placement_session_of_the_source_is_the_fp32_reference_and_changes_no_byte(tmp_path):
     """Placement's onnxruntime session of the source model (one thread) is export's FP32 reference where export runs
     with one thread too; a reference built afresh gives the same file and the same comparison."""
@@ -286,3 +312,60 @@ def test_placement_session_of_the_source_is_the_fp32_reference_and_changes_no_by
     assert reused.reference == fresh.reference == "the source FP32 model in onnxruntime"
     assert [(o.name, o.cosine, o.max_abs_err) for o in reused.outputs] == \
         [(o.name, o.cosine, o.max_abs_err) for o in fresh.outputs]
+
+
+def test_both_files_are_timed_on_placements_cut_of_the_first_batch_and_no_byte_changes(tmp_path):
+    """Where placement timed (QuantizedGraph.timed_shapes: its first calibration sample), export times the two files
+    on that cut of the first batch (or reuses placement's timing of them) instead of at the calibration batch; the
+    comparison still covers every sample, and the file's bytes are the same whichever timing ran."""
+    from netquant.export.onnx_qdq import quant_state
+    from netquant.passes.quant_graph import WholeModelTiming
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        qm = netquant.quantize_onnx(conv_relu_gemm(), calib_batches((8, 3, 8, 8), n=4), quiet=True, objective=None)
+    assert qm.qgraph.timed_shapes is None  # no placement: timed at the calibration batch
+    whole = qm.export(tmp_path / "a.onnx").vs_fp32
+    assert whole.timed_batch == 8 and whole.timed_by == ""
+    qm.qgraph.timed_shapes = {"x": (1, 3, 8, 8)}
+    cut = qm.export(tmp_path / "b.onnx").vs_fp32
+    assert cut.timed_batch == 1 and cut.timed_by == "" and 3 <= cut.timing_rounds <= 5
+    assert cut.int8_ms > 0 and cut.fp32_ms > 0 and "(batch 1, median of" in cut.line()
+    assert [(o.cosine, o.max_abs_err, o.top1_agreement) for o in cut.outputs] == \
+        [(o.cosine, o.max_abs_err, o.top1_agreement) for o in whole.outputs]
+    assert cut.samples == whole.samples == sum(len(x) for x in _batches(qm)) > 8
+    qm.qgraph.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (1, 3, 8, 8)}, 1, quant_state(qm.qgraph))
+    reused = qm.export(tmp_path / "c.onnx").vs_fp32
+    assert (reused.fp32_ms, reused.int8_ms, reused.timed_batch, reused.timed_by) == (2.5, 1.25, 1, "placement")
+    qm.qgraph.timed_shapes = {"x": (1, 3, 4, 4)}  # not a cut along dim 0: the calibration batch again
+    assert qm.export(tmp_path / "d.onnx").vs_fp32.timed_batch == 8
+    files = {p.name: p.read_bytes() for p in tmp_path.glob("*.onnx")}
+    assert len(files) == 4 and len(set(files.values())) == 1
+
+
+def _two_matmuls(dim0: str) -> onnx.ModelProto:
+    """x [dim0, 256] -> MatMul 256x256 -> Relu -> MatMul 256x64: weights enough for placement to time it."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((256, 256)) * 0.06).astype(np.float32), "w1"),
+             numpy_helper.from_array((rng.standard_normal((256, 64)) * 0.06).astype(np.float32), "w2")]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"], name="mm1"), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim0, 256])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim0, 64])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("dim0", "timed"), [("batch", 1), ("frames", 40)])
+def test_a_placed_model_is_timed_at_the_shapes_placement_timed(tmp_path, dim0: str, timed: int):
+    """quantize_onnx with placement records the shapes it timed (one sample where dim 0 is a batch axis, the frames it
+    is fed otherwise); the export times at those (placement's whole-model timing reused where the file is the
+    all-INT8 one it timed) and compares every sample."""
+    rng = np.random.default_rng(1)
+    calib = [{"x": rng.standard_normal((40, 256)).astype(np.float32)} for _ in range(3)]
+    qm = netquant.quantize_onnx(_two_matmuls(dim0), calib, objective="balanced", quiet=True)
+    assert qm.qgraph.timed_shapes == {"x": (timed, 256)}
+    c = qm.export(tmp_path / "q.onnx").vs_fp32
+    assert c.timed_batch == timed and c.int8_ms > 0 and c.fp32_ms > 0 and c.samples == 40 * len(_batches(qm))
+    assert c.timed_by == ("placement" if qm.qgraph.whole_model_timing is not None else "")

@@ -311,7 +311,7 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
             time.perf_counter() + setup_estimate_s(batches, fp32_ms, build_s) > deadline:
         return None
     qgraph.attention_rewrite = None
-    base = build_qdq_model(qgraph)[0]
+    base = build_qdq_model(qgraph, share=True)[0]  # not modified (choose_attention): the export may take it
     fp32 = fp32_onnx(qgraph)
     result = choose_attention(base, source if source is not None else fp32, fp32, feeds, batches,
                               deadline=deadline if deadline is not None else time.perf_counter() + CAP_SHARE * cap_s,

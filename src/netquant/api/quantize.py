@@ -226,6 +226,9 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     if placement is not None:
         timings["placement"] = time.perf_counter() - t1
         run.qgraph.whole_model_timing = whole_model_timing(placement, run.qgraph)
+        if timed and "timed_shapes" in placement.measured:  # export.fidelity times at placement's shapes
+            run.qgraph.timed_shapes = {k: tuple(int(d) for d in v)
+                                       for k, v in placement.measured["timed_shapes"].items()}
     timings["total"] = time.perf_counter() - t0
     # the validated data is kept for reports (layer_report's default), unless it was a one-shot stream
     kept = run.calib_data if run.calib_data is not None and run.calib_data.num_batches is not None else None

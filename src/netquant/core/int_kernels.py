@@ -463,18 +463,22 @@ def _limited_error(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: 
     a pair over the limit (same-sign codes: |q0| + |q1| = |q0 + q1| > limit) errs (|t0| - r0)^2 + (|t1| - (limit -
     r0))^2, any other (t0 - q0)^2 + (t1 - q1)^2."""
     qmin, qmax = float(spec.qmin), float(spec.qmax)
-    t0, t1 = x0 * inv, x1 * inv
+    # in float arithmetic only (torch's bool comparisons and where cost several float passes each on the CPU), every
+    # step exact, so the same bits as where(over, limited, plain): the pairs are made contiguous first (a product
+    # with a strided operand costs 5-10x), over is 0 / 1 from integer-valued codes (q0 q1 >= 1: same sign;
+    # |q0 + q1| - limit >= 1: over it), and the choice limited * over + plain * (1 - over) adds an exact 0
+    t0, t1 = x0.contiguous() * inv, x1.contiguous() * inv
     if spec.rounding is RoundingPolicy.ROUND_HALF_EVEN:
         q0, q1 = torch.round(t0).clamp_(qmin, qmax), torch.round(t1).clamp_(qmin, qmax)
     else:
         q0 = round_with_policy_(t0.clone(), spec.rounding, sign_source=t0).clamp_(qmin, qmax)
         q1 = round_with_policy_(t1.clone(), spec.rounding, sign_source=t1).clamp_(qmin, qmax)
-    over = (q0 * q1 > 0).logical_and_((q0 + q1).abs_() > lim)
+    over = (q0 * q1).clamp_(0, 1).mul_((q0 + q1).abs_().sub_(lim).clamp_(0, 1))
     sign = t0.sign()
     r0 = (t0 - t1).mul_(sign).add_(lim).div_(2).clamp_(lim - 127, 127).round_()
     plain = q0.sub_(t0).square_().add_(q1.sub_(t1).square_())
     limited = t0.mul_(sign).sub_(r0).square_().add_(t1.mul_(sign).sub_(lim).add_(r0).square_())
-    return torch.where(over, limited, plain)
+    return limited.mul_(over).add_(plain.mul_(over.neg_().add_(1)))
 
 
 def _limit_correction(x0: torch.Tensor, x1: torch.Tensor, inv: torch.Tensor, spec: QuantSpec,

@@ -3,7 +3,9 @@
 Every exported model file runs in its engine on the validation batches (export.validate), and those outputs are
 compared here with the user's FP32 model run in onnxruntime on the same batches: per output the cosine and the
 largest absolute error, and where the output looks like class scores the share of positions whose top-1 class is
-FP32's. Where the engine is onnxruntime on this machine, both files are also timed at the calibration batch size.
+FP32's. Where the engine is onnxruntime on this machine, both files are also timed: on the input shapes placement
+timed (its first calibration sample; placement's own timing of the same two files is reused where it has one), else
+at the calibration batch size.
 
 A file whose engine output is catastrophically far from FP32 (`check_vs_fp32`: an output's cosine below
 DEFAULT_MIN_COSINE) is refused like a validation failure. The default comes from measurements (benchmarks/fidelity.py,
@@ -238,7 +240,9 @@ def compare_with_fp32(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Seque
     model (fp32_reference) run on the same batches. Outputs the FP32 model lacks are skipped. sample_given: the batches
     are the export's `sample` (possibly held out), not the kept calibration batches.
 
-    int8_session: the exported file's onnxruntime session (it has run `batches`): both files are then timed, and the
+    int8_session: the exported file's onnxruntime session (it has run `batches`): both files are then timed. Where
+    placement timed on a cut of the first batch (QuantizedGraph.timed_shapes: its first sample), on that cut
+    (_time_pair; placement's own timing of these two files reused where it has one: _placement_timing); else the
     FP32 runs the comparison needs are the timed ones: after one warm-up run, interleaved rounds (one run of each file
     on the same batch) over the batches shaped like the first, repeated to at least MIN_TIMING_ROUNDS (TIMING_ROUNDS
     within TIMING_BUDGET_S), median of each."""
@@ -270,9 +274,14 @@ def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.nd
     got: dict[int, list[np.ndarray]] = {}
     t8: list[float] = []
     t32: list[float] = []
-    reused = _placement_timing(qgraph, batches) if int8_session is not None and source and \
+    timing_feeds = _timing_feeds(qgraph, batches[0]) if int8_session is not None and batches else {}
+    reused = _placement_timing(qgraph, timing_feeds) if timing_feeds and source and \
         label.startswith("the source") else None
-    if int8_session is not None and batches and reused is None:
+    cut = any(np.shape(v) != np.shape(batches[0][k]) for k, v in timing_feeds.items())
+    if timing_feeds and reused is None and cut:  # placement's shapes: both files timed there, apart from the
+        # comparison's runs on the whole batches
+        t8, t32 = _time_pair(int8_session, sess, timing_feeds, label)
+    elif int8_session is not None and batches and reused is None:
         f8 = [{k: v for k, v in b.items() if k in {i.name for i in int8_session.get_inputs()}} for b in batches]
         shape0 = {k: v.shape for k, v in batches[0].items()}
         same = [i for i, b in enumerate(batches) if {k: v.shape for k, v in b.items()} == shape0]
@@ -307,22 +316,66 @@ def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.nd
         comparison.timed_batch = int(shape[0]) if shape else 1
         comparison.timed_by = "placement"
     elif t8:
-        first = next(iter(batches[0].values()), None)
+        first = next(iter((timing_feeds or batches[0]).values()), None)
         comparison.int8_ms, comparison.fp32_ms = statistics.median(t8), statistics.median(t32)
         comparison.timed_batch = int(first.shape[0]) if first is not None and first.ndim else 1
         comparison.timing_rounds = len(t8)
     return comparison
 
 
-def _placement_timing(qgraph: QuantizedGraph, batches: Sequence[Mapping[str, np.ndarray]]) -> Any:
-    """Placement's whole-model timing (QuantizedGraph.whole_model_timing) where it timed these two files on batches
-    shaped like the first one here; else None (the files are timed here)."""
+def _timing_feeds(qgraph: QuantizedGraph, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The feeds both files are timed on: `batch` (the first compared batch) cut along dim 0 to the shapes placement
+    timed (QuantizedGraph.timed_shapes: its first calibration sample) where every input is such a cut of it; else
+    `batch` whole (no placement timing, or a sample of other shapes)."""
+    shapes = qgraph.timed_shapes
+    if not shapes:
+        return dict(batch)
+    out = {}
+    for k, v in batch.items():
+        shape = shapes.get(k)
+        x = np.asarray(v)
+        if shape is None or x.ndim != len(shape) or (x.ndim and (x.shape[1:] != shape[1:] or shape[0] > x.shape[0])):
+            return dict(batch)
+        out[k] = x[:shape[0]] if x.ndim else x
+    return out
+
+
+def _time_pair(int8_session: Any, fp32_session: Any, feeds: Mapping[str, np.ndarray], label: str
+               ) -> tuple[list[float], list[float]]:
+    """ms of one run of the INT8 and the FP32 file on `feeds`: one warm-up run of each, then interleaved rounds (one
+    run of each per round), MIN_TIMING_ROUNDS or more (TIMING_ROUNDS within TIMING_BUDGET_S)."""
+    f8 = {k: v for k, v in feeds.items() if k in {i.name for i in int8_session.get_inputs()}}
+    f32 = {k: v for k, v in feeds.items() if k in {i.name for i in fp32_session.get_inputs()}}
+    try:
+        int8_session.run(None, f8)  # warm-up: neither ran these shapes in export yet
+        fp32_session.run(None, f32)
+        t8: list[float] = []
+        t32: list[float] = []
+        rounds = MIN_TIMING_ROUNDS
+        while len(t8) < rounds:
+            t = time.perf_counter()
+            int8_session.run(None, f8)
+            t8.append(1e3 * (time.perf_counter() - t))
+            t = time.perf_counter()
+            fp32_session.run(None, f32)
+            t32.append(1e3 * (time.perf_counter() - t))
+            if len(t8) == 1:
+                fit = int(TIMING_BUDGET_S * 1e3 / max(t8[0] + t32[0], 1e-6))
+                rounds = max(MIN_TIMING_ROUNDS, min(TIMING_ROUNDS, fit))
+    except Exception as exc:
+        raise ExportError(f"the FP32 model ({label}) or the exported file fails on the timing batch: {exc}") from exc
+    return t8, t32
+
+
+def _placement_timing(qgraph: QuantizedGraph, feeds: Mapping[str, np.ndarray]) -> Any:
+    """Placement's whole-model timing (QuantizedGraph.whole_model_timing) where it timed these two files on feeds
+    shaped like `feeds` (the timing feeds here); else None (the files are timed here)."""
     from netquant.export.onnx_qdq import quant_state
 
     timing = qgraph.whole_model_timing
-    if timing is None or not batches:
+    if timing is None or not feeds:
         return None
-    if {k: tuple(v.shape) for k, v in batches[0].items() if k in timing.shapes} != timing.shapes:
+    if {k: tuple(np.shape(v)) for k, v in feeds.items() if k in timing.shapes} != timing.shapes:
         return None
     return timing if quant_state(qgraph) == timing.state else None
 

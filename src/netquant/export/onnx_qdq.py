@@ -234,8 +234,9 @@ def quant_state(qgraph: QuantizedGraph) -> tuple[Any, ...]:
             qgraph.attention_rewrite)
 
 
-_LAST_BUILD: weakref.WeakKeyDictionary[Any, tuple[tuple[Any, ...], tuple[onnx.ModelProto, QdqBuilder, int]]] = \
-    weakref.WeakKeyDictionary()
+_Built = tuple[onnx.ModelProto, QdqBuilder, int]
+SHARED_BUILDS = 3  # shared builds kept per quantized graph (the latest ones)
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[Any, ...], _Built]] = weakref.WeakKeyDictionary()
 
 
 def build_qdq_model(qmodel: Exportable, *, opset: int | None = None, feeds: dict[str, Any] | None = None,
@@ -243,19 +244,25 @@ def build_qdq_model(qmodel: Exportable, *, opset: int | None = None, feeds: dict
     """The QDQ ModelProto (not validated, not written), the builder (stats) and the source opset.
 
     When the opset must be raised and `feeds` is given, the upgrade is checked to change no output.
-    share: the caller will not modify the model; the next call in the same state (quant_state) and opset takes it
-    instead of building it again (the export after a placement whose last candidate is its decision).
+    share: the caller will not modify the model; it is kept (with the SHARED_BUILDS latest shared builds of the
+    graph), and a later call in the same state (quant_state) and opset takes it instead of building it again
+    (placement's candidates, its DYNAMIC and attention steps, then the export of the decision). A call without
+    share takes a kept build of its state and empties the graph's kept builds (it may modify what it gets).
     """
 
     qgraph = unwrap(qmodel)
     key = (quant_state(qgraph), opset)
-    last = _LAST_BUILD.pop(qgraph, None)
-    if last is not None and last[0] == key and feeds is None:
-        result = last[1]
-    else:
+    kept = _SHARED.get(qgraph)
+    result = kept.pop(key, None) if kept is not None and feeds is None else None
+    if result is None:
         result = _build(qgraph, opset, feeds)
     if share:
-        _LAST_BUILD[qgraph] = (key, result)
+        kept = _SHARED.setdefault(qgraph, {})
+        kept[key] = result  # the latest last
+        while len(kept) > SHARED_BUILDS:
+            del kept[next(iter(kept))]
+    else:
+        _SHARED.pop(qgraph, None)
     return result
 
 

@@ -90,6 +90,12 @@ class QdqBuilder:
         self.by_name = {n.name: n for n in self.graph.node if n.name}
         self.source_names = {n.name for n in qgraph.graph.nodes}  # nodes not named here were added by an upgrade
         self.by_output = {n.output[0]: n for n in self.graph.node if n.output}
+        # the nodes reading each tensor before the build: rewiring only takes readers away from a constant (new
+        # nodes wait in new_nodes until _finish), so its readers at the end are among these
+        self.readers: dict[str, list[onnx.NodeProto]] = defaultdict(list)
+        for n in self.graph.node:
+            for i in dict.fromkeys(n.input):
+                self.readers[i].append(n)
         rounding = {root(s.config).spec.rounding for s in iter_slots(qgraph) if emits(s.config)
                     and s.tensor not in self.initializers}
         odd = sorted(r.name for r in rounding if r is not RoundingPolicy.ROUND_HALF_EVEN)
@@ -292,7 +298,7 @@ class QdqBuilder:
                 shared = self.constant_dq(tensor, slot.config)
                 groups.append((slot.config, shared))
             self._rewire(slot, shared)
-        if groups and not any(tensor in n.input for n in self.graph.node) and \
+        if groups and not any(tensor in n.input for n in self.readers.get(tensor, ())) and \
                 tensor not in {o.name for o in self.graph.output}:
             proto = self.initializers.pop(tensor)  # float copy no longer used
             if self.external.pop(tensor, None) is None:

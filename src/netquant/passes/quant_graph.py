@@ -223,6 +223,9 @@ class QuantizedGraph:
         # export.attention.AttentionRewrite measured by analysis.attention (None: the platform's rules alone)
         self.attention_rewrite: Any = None
         self.whole_model_timing: WholeModelTiming | None = None  # placement's FP32 / all-INT8 timing (api.quantize)
+        # the input shapes placement timed on (its first calibration sample; api.quantize): export.fidelity times
+        # the exported file on the same cut of the first validation batch
+        self.timed_shapes: dict[str, tuple[int, ...]] | None = None
         self.fp32_session: FP32Session | None = None  # placement's session of the source (export.fidelity reuses it)
         self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
 

@@ -89,7 +89,7 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
     def build(dynamic: list[str]) -> onnx.ModelProto:
         qgraph.dynamic_ops = set(dynamic)
         try:
-            return build_qdq_model(qgraph)[0]
+            return build_qdq_model(qgraph, share=True)[0]  # (not modified: the export may take it)
         finally:
             qgraph.dynamic_ops = set()
 

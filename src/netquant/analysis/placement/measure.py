@@ -159,16 +159,23 @@ class SearchState:
 
 
 def whole_model_timing(placement: Any, qgraph: Any) -> Any:
-    """Placement's whole-model FP32 / all-INT8 timing (passes.quant_graph.WholeModelTiming) where the file it timed is
-    the one export writes: every region INT8, none quantized at run time, no attention rewrite; else None."""
+    """Placement's whole-model timing of the source FP32 model and of the file export writes
+    (passes.quant_graph.WholeModelTiming), where it timed that file: every region INT8 (the INT8-first check's
+    all_int8_wall_ms), or INT8 and float regions as decided (the placed file's check, placed_wall_ms, timed in the
+    same rounds as the source); none quantized at run time, no attention rewrite; else None."""
     from netquant.export.onnx_qdq import quant_state
     from netquant.passes.quant_graph import WholeModelTiming
 
     m = placement.measured
-    if not {"source_fp32_wall_ms", "all_int8_wall_ms", "timed_shapes"} <= m.keys():
+    decisions = {r.decision for r in placement.regions}
+    if not {"source_fp32_wall_ms", "timed_shapes"} <= m.keys() or qgraph.dynamic_ops or qgraph.attention_rewrite:
         return None
-    if any(r.decision != "int8" for r in placement.regions) or qgraph.dynamic_ops or qgraph.attention_rewrite:
+    if decisions == {"int8"} and "all_int8_wall_ms" in m:
+        int8_ms = m["all_int8_wall_ms"]
+    elif decisions == {"int8", "float"} and "placed_wall_ms" in m:
+        int8_ms = m["placed_wall_ms"]
+    else:
         return None
-    return WholeModelTiming(float(m["source_fp32_wall_ms"]), float(m["all_int8_wall_ms"]),
+    return WholeModelTiming(float(m["source_fp32_wall_ms"]), float(int8_ms),
                             {k: tuple(int(d) for d in v) for k, v in m["timed_shapes"].items()}, WALL_THREADS,
                             quant_state(qgraph))
