@@ -15,7 +15,8 @@ from netquant.graph.ir import Value
 @pytest.mark.parametrize(("shape", "cut"), [
     (("batch", 3), True), (("N", 3), True), (("batch_size", 8), True), (("unk__12", 3), True),
     (("input_dynamic_axes_1", 4), True), ((None, 3), True), (None, True),
-    (("frames", 256), False), (("seq", 8), False), ((16, 3), False), ((), False)])
+    (("p2o.DynamicDimension.0", 3, "?", "p2o.DynamicDimension.1"), True),  # PP-OCR's paddle2onnx files
+    (("p2o.DynamicDimension.1", 3), False), (("frames", 256), False), (("seq", 8), False), ((16, 3), False), ((), False)])
 def test_batch_axis_by_dim0(shape: tuple | None, cut: bool) -> None:
     assert batch_axis(Value("x", shape)) is cut
 

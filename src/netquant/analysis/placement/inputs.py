@@ -43,13 +43,14 @@ def host_info_dict() -> dict[str, str]:
 
 
 # symbolic names of a leading axis that holds samples (a batch): only such an axis is cut to the samples placement times
-_BATCH_AXIS = re.compile(r"^(n|b|bs|nb|batch|batches|batch_?size|n_?batch|num_?batch(es)?|unk__\d+|\w*_dynamic_axes_1)$",
-                         re.IGNORECASE)
+_BATCH_AXIS = re.compile(r"^(n|b|bs|nb|batch|batches|batch_?size|n_?batch|num_?batch(es)?|unk__\d+|\w*_dynamic_axes_1"
+                         r"|p2o\.DynamicDimension\.0)$", re.IGNORECASE)
 
 
 def batch_axis(v: Any) -> bool:
     """Whether input `v`'s dim 0 is a batch axis placement may cut: a symbolic dim named like a batch ('batch',
-    'N', 'batch_size', onnx's 'unk__<n>', torch's unnamed '<input>_dynamic_axes_1'), or unknown. A fixed dim, or a
+    'N', 'batch_size', onnx's 'unk__<n>', torch's unnamed '<input>_dynamic_axes_1', paddle2onnx's first dynamic dim
+    'p2o.DynamicDimension.0'), or unknown. A fixed dim, or a
     symbolic one with another name ('frames', 'seq', 'time'), keeps the calibration batch's shape: a streaming
     model's [frames, samples] input is timed with the frames it is fed."""
     if v.shape is None:
