@@ -82,15 +82,21 @@ def test_embeddings_false_keeps_the_table_float(bert: Path, tmp_path: Path) -> N
     assert types == {onnx.TensorProto.FLOAT: 1}
 
 
-def test_file_no_larger_and_as_accurate_as_ort_quantize_dynamic(bert: Path, tmp_path: Path) -> None:
+def _ours_and_ort_dynamic(bert: Path, tmp_path: Path, calib_batches: int) -> tuple[Path, Path]:
+    """netquant's default file (objective None) and ORT quantize_dynamic's (per-channel, reduce_range) of `bert`."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     ours = tmp_path / "ours.onnx"
-    netquant.quantize_onnx(str(bert), small_bert_batches(8), objective=None, quiet=True).export(ours)
+    netquant.quantize_onnx(str(bert), small_bert_batches(calib_batches), objective=None, quiet=True).export(ours)
     peer = tmp_path / "ort.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         quantize_dynamic(str(bert), str(peer), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+    return ours, peer
+
+
+def test_file_no_larger_and_as_accurate_as_ort_quantize_dynamic(bert: Path, tmp_path: Path) -> None:
+    ours, peer = _ours_and_ort_dynamic(bert, tmp_path, 8)
     assert ours.stat().st_size <= peer.stat().st_size
     cos_ours, cos_peer = [], []
     for feeds in small_bert_batches(6, seed=100):
@@ -168,14 +174,7 @@ def test_embedding_table_bytes_vs_ort_quantize_dynamic(bert: Path, tmp_path: Pat
     """The token table [V, D] as the file stores it: int8 codes + one uint8 scale code a row + one step, i.e. ORT
     quantize_dynamic's uint8 codes + one scale + one zero point plus V bytes (it was 2 V bytes with float16 scales);
     and the per-row scales keep the table's rounding error at most ORT's per-table one."""
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    ours = tmp_path / "ours.onnx"
-    netquant.quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True).export(ours)
-    peer = tmp_path / "ort.onnx"
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        quantize_dynamic(str(bert), str(peer), per_channel=True, reduce_range=True, weight_type=QuantType.QInt8)
+    ours, peer = _ours_and_ort_dynamic(bert, tmp_path, 4)
     vocab, dim = SMALL["vocab"], SMALL["dim"]
 
     def table_bytes(path: Path) -> tuple[int, dict[str, np.ndarray]]:
