@@ -24,7 +24,7 @@ from netquant.analysis.placement.constants import (
     WALL_THREADS,
 )
 from netquant.analysis.placement.measure import SearchState
-from netquant.analysis.placement.records import DYNAMIC, FLOAT, INT8, Placement, Reason
+from netquant.analysis.placement.records import DYNAMIC, FLOAT, INT8, Placement, Reason, significant
 from netquant.analysis.profile import cpu_session, profile_onnx, region_times
 from netquant.errors import ExportError
 
@@ -143,11 +143,11 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
                 measured["dynamic_decided_by"] = "profile sums"
             else:
                 measured.update({"static_wall_ms": times[0], "all_dynamic_wall_ms": times[1]})
-            measured.update({"loss_ort_static": float(f"{losses[0]:.6g}"),
-                             "loss_ort_all_dynamic": float(f"{losses[1]:.6g}")})
+            measured.update({"loss_ort_static": significant(losses[0]),
+                             "loss_ort_all_dynamic": significant(losses[1])})
             if len(options) == 3:
                 measured.update({"per_region_dynamic_profile_ms" if by_profile else "per_region_dynamic_wall_ms":
-                                 times[2], "loss_ort_per_region_dynamic": float(f"{losses[2]:.6g}")})
+                                 times[2], "loss_ort_per_region_dynamic": significant(losses[2])})
             # accurate enough: no farther from the source than the static file, or within max_loss
             fine = [i for i in range(len(options))
                     if losses[i] <= losses[0] or (max_loss is not None and losses[i] <= max_loss)]

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from netquant.analysis.placement.constants import EDGE_MAX_WEIGHT_SHARE
+from netquant.analysis.placement.records import significant
 from netquant.analysis.regions import Region
 from netquant.graph import Graph
 
@@ -37,8 +38,8 @@ class EdgeFloat:
     loss_float: float
 
     def as_dict(self) -> dict[str, float]:
-        return {"weight_share": float(f"{self.weight_share:.4g}"), "loss_all_int8": float(f"{self.loss_all_int8:.6g}"),
-                "loss_float": float(f"{self.loss_float:.6g}")}
+        return {"weight_share": significant(self.weight_share, 4), "loss_all_int8": significant(self.loss_all_int8),
+                "loss_float": significant(self.loss_float)}
 
 
 def _weights(graph: Graph, region: Region) -> int:

@@ -7,12 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from netquant.analysis.placement.budget import AccuracyBudget, meter_loss
+from netquant.analysis.placement.records import significant
 from netquant.passes.matmul_ranges import NAME
 from netquant.passes.quant_graph import QuantizedGraph
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.6g}")
 
 
 def check_clipped_ranges(budget: AccuracyBudget) -> dict[str, Any] | None:
@@ -33,7 +30,7 @@ def check_clipped_ranges(budget: AccuracyBudget) -> dict[str, Any] | None:
     else:
         budget.loss_of[frozenset()] = min_max
         undo(qgraph)
-    return {"tensors": len(clips), "loss_clipped": _sig(clipped), "loss_min_max": _sig(min_max), "kept": keep}
+    return {"tensors": len(clips), "loss_clipped": significant(clipped), "loss_min_max": significant(min_max), "kept": keep}
 
 
 def reapply_clipped_ranges(qgraph: QuantizedGraph, measured: dict[str, Any]) -> None:

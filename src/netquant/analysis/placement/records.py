@@ -14,6 +14,11 @@ from netquant.atomic import write_text_atomic
 from netquant.errors import ConfigError
 
 
+def significant(x: float, digits: int = 6) -> float:
+    """x rounded to `digits` significant digits, as placement files and `measured` record losses and times."""
+    return float(f"{x:.{digits}g}")
+
+
 class Reason:
     """Why a region got its decision (the strings in placement files and reports)."""
 

@@ -38,7 +38,7 @@ from netquant.analysis.placement.budget import (
 from netquant.analysis.placement.constants import DEFAULT_MAX_LOSS
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import model_hash
-from netquant.analysis.placement.records import Placement, RepairTrial
+from netquant.analysis.placement.records import Placement, RepairTrial, significant
 from netquant.analysis.placement.search import applies, measures, place
 from netquant.errors import ConfigError
 from netquant.passes.adaround import AdaRoundPass
@@ -114,22 +114,18 @@ def try_repairs(qgraph: QuantizedGraph, settings: QuantSettings, requantize: Req
     for i, repair in enumerate(options):
         t = time.perf_counter()
         repaired = requantize(repair.passes(), repair.settings)
-        after = _sig(meter_loss(loss_meter(repaired, settings, data), []))
-        trials.append(RepairTrial(repair.name, _sig(before), after, False, round(time.perf_counter() - t, 3)))
+        after = significant(meter_loss(loss_meter(repaired, settings, data), []))
+        trials.append(RepairTrial(repair.name, significant(before), after, False, round(time.perf_counter() - t, 3)))
         if best is None or after < best[0]:
             best = (after, i, repaired)  # only the best graph is kept in memory
         if after <= max_loss:
             break
     assert best is not None
-    if best[0] >= _sig(before):
+    if best[0] >= significant(before):
         return qgraph, trials
     take_all_int8(qgraph, settings)  # the plain graph is not placed: its meter is not kept
     trials[best[1]] = dataclasses.replace(trials[best[1]], kept=True)
     return best[2], trials
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.6g}")
 
 
 def place_with_repair(qgraph: QuantizedGraph, settings: QuantSettings, elapsed_s: float,

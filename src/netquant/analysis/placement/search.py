@@ -27,7 +27,15 @@ from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
 from netquant.analysis.placement.ranges import check_clipped_ranges
-from netquant.analysis.placement.records import FLOAT, INT8, WIDER, Placement, Reason, RegionDecision
+from netquant.analysis.placement.records import (
+    FLOAT,
+    INT8,
+    WIDER,
+    Placement,
+    Reason,
+    RegionDecision,
+    significant,
+)
 from netquant.analysis.profile import OTHER, region_times
 from netquant.analysis.regions import Region, find_regions, keep_float
 from netquant.analysis.sensitivity import Sensitivity
@@ -96,7 +104,7 @@ def decisions_of(s: SearchState, best: frozenset[str], sens: dict[str, Sensitivi
         out.append(RegionDecision(a, r.op_type, list(r.ops), decision, reason_of(a),
                                   None if t8 is None else round(t8, 4), None if t32 is None else round(t32, 4),
                                   se.only if se else None, se.all_but if se else None, se.gain if se else None,
-                                  label if decision == WIDER else None, None if g is None else float(f"{g:.6g}")))
+                                  label if decision == WIDER else None, None if g is None else significant(g)))
     return out
 
 
@@ -168,7 +176,7 @@ def _all_int8_unprofiled(s: SearchState, budget: AccuracyBudget, placement: Plac
                      "loss_all_int8": budget.loss_of.get(frozenset()), "loss_placed": budget.loss(edge),
                      "profiles": 0, "profile_s": s.profile_s, "loss_passes": budget.meter.calls if budget.meter else 0,
                      "seconds": time.perf_counter() - start})
-    placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
+    placement.measured = {k: (significant(v) if isinstance(v, float) else v) for k, v in measured.items()}
     placement.note = "; ".join(filter(None, [placement.note, "all INT8: no slower than the source model and within "
                                              "the budget; per-region times not profiled (time cap)",
                                              f"{len(edge)} edge region(s) float (measured['edge_floats'])" if edge
@@ -323,7 +331,7 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
             placed_float, best, best_t = best, frozenset(all_anchors), p32.node_total_ms
             placement.note = "; ".join(filter(None, [placement.note, "the placed file timed slower than the source: "
                                                      "every region float (INT8 does not pay off on this CPU)"]))
-    if edge and objective is not Objective.LATENCY:  # the edge floats on top of the choice (a small share of the time)
+    if edge:  # the edge floats on top of the choice (a small share of the time; none under LATENCY)
         best, placed_float = frozenset(best | edge), frozenset(placed_float | edge)
     final_loss = budget.loss(best) if budget.meter is not None else None
     sens = budget.report(best, min(s.deadline, time.perf_counter() + REPORT_SHARE * time_budget_s))
@@ -352,7 +360,7 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
                      "rounds": rounds, "seconds": time.perf_counter() - start})
     if int8_first_ok and not best:  # the shipped file is the all-INT8 one timed against the source: that ratio
         measured["speedup_vs_fp32"] = measured["source_fp32_wall_ms"] / max(measured["all_int8_wall_ms"], 1e-9)
-    placement.measured = {k: (float(f"{v:.6g}") if isinstance(v, float) else v) for k, v in measured.items()}
+    placement.measured = {k: (significant(v) if isinstance(v, float) else v) for k, v in measured.items()}
     # the cap in force (search_s may have raised it); repair.place_with_repair compares it with the time really taken
     placement.measured["time_cap_s"] = round(s.deadline - start, 3)
     return choose_dynamic_and_attention(s, placement, source, max_loss, search_s or time_budget_s)
