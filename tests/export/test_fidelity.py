@@ -369,3 +369,21 @@ def test_a_placed_model_is_timed_at_the_shapes_placement_timed(tmp_path, dim0: s
     c = qm.export(tmp_path / "q.onnx").vs_fp32
     assert c.timed_batch == timed and c.int8_ms > 0 and c.fp32_ms > 0 and c.samples == 40 * len(_batches(qm))
     assert c.timed_by == ("placement" if qm.qgraph.whole_model_timing is not None else "")
+
+
+def test_a_model_that_fails_on_the_timing_cut_is_refused_with_the_fix_named():
+    """_time_pair's ExportError names the model and what to do (a dim 0 named like a batch that is not one)."""
+    from onnx import TensorProto, helper
+
+    from netquant.errors import ExportError
+    from netquant.export.fidelity import _time_pair
+
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [2, 3])
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "needs_two_rows",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.ones((2, 3), np.float32)})[0].shape == (2, 3)  # the whole batch runs
+    with pytest.raises(ExportError, match=r"(?s)model\.onnx.*timing batch.*dim 0 other than a batch axis"):
+        _time_pair(sess, sess, {"x": np.ones((1, 3), np.float32)}, "model.onnx")

@@ -363,7 +363,10 @@ def _time_pair(int8_session: Any, fp32_session: Any, feeds: Mapping[str, np.ndar
                 fit = int(TIMING_BUDGET_S * 1e3 / max(t8[0] + t32[0], 1e-6))
                 rounds = max(MIN_TIMING_ROUNDS, min(TIMING_ROUNDS, fit))
     except Exception as exc:
-        raise ExportError(f"the FP32 model ({label}) or the exported file fails on the timing batch: {exc}") from exc
+        raise ExportError(f"the FP32 model ({label}) or the exported file fails on the timing batch (the shapes "
+                          f"placement timed: the first calibration batch cut to one sample along dim 0): {exc}. "
+                          "If the model needs its whole batch, name its dim 0 other than a batch axis (e.g. 'frames') "
+                          "so that placement and export time the calibration batch whole.") from exc
     return t8, t32
 
 
