@@ -78,36 +78,45 @@ def _reaches_softmax(node: onnx.NodeProto, consumers: Mapping[str, list[onnx.Nod
     return False
 
 
-def _from_softmax(name: str, producer: Mapping[str, onnx.NodeProto], hops: int = 3) -> bool:
-    """Whether `name` is a Softmax output, possibly through Cast / Dropout / Identity and a Where's value inputs (the
-    fill of fully masked rows)."""
+def _softmax_behind(name: str, producer: Mapping[str, onnx.NodeProto], hops: int = 3) -> onnx.NodeProto | None:
+    """The Softmax whose output `name` is, possibly through Cast / Dropout / Identity and a Where's value inputs (the
+    fill of fully masked rows); None where it is none."""
     p = producer.get(name)
     if p is None or hops < 0:
-        return False
+        return None
     if p.op_type == "Softmax":
-        return True
+        return p
     if p.op_type not in _PASS_BACK:
-        return False
+        return None
     values = p.input[1:3] if p.op_type == "Where" else p.input[:1]
-    return any(_from_softmax(v, producer, hops - 1) for v in values)
+    return next((s for s in (_softmax_behind(v, producer, hops - 1) for v in values) if s is not None), None)
 
 
 def find_attention_ops(model: onnx.ModelProto) -> dict[str, AttnKind]:
     """Node name -> kind of every SCORES / CONTEXT MatMul, Softmax, LayerNormalization and GELU (a Gelu node, or the
-    Erf of the decomposed x * 0.5 * (1 + erf(x / sqrt 2))) of the graph. Unnamed nodes are skipped."""
+    Erf of the decomposed x * 0.5 * (1 + erf(x / sqrt 2))) of the graph. Unnamed nodes are skipped. A Softmax counts
+    where it feeds a CONTEXT MatMul (attention probabilities): a classifier's final Softmax is no attention op (in
+    int8 its probabilities would have 1/256 steps, for no measurable time)."""
     graph = model.graph
     consts = _constants(graph)
     producer, consumers = _maps(graph)
     out: dict[str, AttnKind] = {}
+    attention_softmax: set[str] = set()
+    for n in graph.node:
+        if n.op_type != "MatMul" or any(i in consts for i in n.input) or _reaches_softmax(n, consumers):
+            continue
+        softmax = _softmax_behind(n.input[0], producer)
+        if softmax is not None:
+            attention_softmax.add(softmax.name)
     for n in graph.node:
         if not n.name:
             continue
         if n.op_type == "MatMul" and not any(i in consts for i in n.input):
             if _reaches_softmax(n, consumers):
                 out[n.name] = AttnKind.SCORES
-            elif _from_softmax(n.input[0], producer):
+            elif _softmax_behind(n.input[0], producer) is not None:
                 out[n.name] = AttnKind.CONTEXT
-        elif n.op_type == "Softmax":
+        elif n.op_type == "Softmax" and n.name in attention_softmax:
             out[n.name] = AttnKind.SOFTMAX
         elif n.op_type == "LayerNormalization":
             out[n.name] = AttnKind.LAYERNORM
