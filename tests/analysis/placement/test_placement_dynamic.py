@@ -98,3 +98,14 @@ def test_profile_sums_that_decide_pick_the_smallest_sum_as_accurate_without_timi
     best = min(fine, key=lambda o: o[2])
     assert m["dynamic_regions"] == len(qm.qgraph.dynamic_ops)
     assert m["dynamic_regions"] == best[1] if best[1] is not None else 0 < m["dynamic_regions"] < m["dynamic_candidates"]
+
+
+def test_the_dynamic_step_starts_only_within_the_time_cap(bert: Path) -> None:
+    """Past placement's time cap the DYNAMIC step profiles nothing: every MatMul stays static, and the note and
+    `measured` say so (the cap bounds latency measurements; raising placement_time_s measures them)."""
+    qm = quantize_onnx(str(bert), small_bert_batches(4), objective="balanced", quiet=True, placement_time_s=0.0)
+    p = qm.placement
+    assert "dynamic regions not profiled (time cap): static kept" in p.note
+    assert p.measured["dynamic_candidates"] > 0 and p.measured["dynamic_regions"] == 0
+    assert "static_profile_ms" not in p.measured and not p.dynamic_anchors() and not qm.qgraph.dynamic_ops
+    assert all(r.dynamic_ms is None for r in p.regions)

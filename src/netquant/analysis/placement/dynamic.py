@@ -64,7 +64,8 @@ def _one_minus_cos(a: np.ndarray, b: np.ndarray) -> float:
 
 def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto | None, max_loss: float | None,
                     cap_s: float) -> Placement:
-    """The DYNAMIC step, after the INT8 / float decision (onnxruntime): the INT8 MatMul regions are profiled with
+    """The DYNAMIC step, after the INT8 / float decision (onnxruntime), started only within placement's time cap
+    (s.deadline; past it every region stays static, and the note says so): the INT8 MatMul regions are profiled with
     their activation quantized at run time (export.dynamic) and with static Q/DQ; the per-region choice puts a region
     DYNAMIC where its static time exceeds SLOWER_MARGIN x its dynamic time + SLOWER_MS. Then up to three files are
     compared: all static, every candidate dynamic, and the per-region choice (only where it is neither). Where the
@@ -85,6 +86,10 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
     if not candidates or s.feeds is None:
         return placement
     t0 = time.perf_counter()
+    if t0 >= s.deadline:  # a latency refinement: it starts only within placement's time cap
+        placement.note = "; ".join(filter(None, [placement.note, "dynamic regions not profiled (time cap): static kept"]))
+        placement.measured.update({"dynamic_candidates": len(candidates), "dynamic_regions": 0, "dynamic_s": 0.0})
+        return placement
 
     def build(dynamic: list[str]) -> onnx.ModelProto:
         qgraph.dynamic_ops = set(dynamic)
