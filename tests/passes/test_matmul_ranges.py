@@ -74,6 +74,36 @@ def test_clipped_ranges_are_recorded_and_deterministic(encoder, tmp_path):
     assert (tmp_path / "again.onnx").read_bytes() == (folder / "True.onnx").read_bytes()
 
 
+def test_calibrations_kept_tensors_give_the_choice_of_a_run_of_its_own(encoder, tmp_path, monkeypatch):
+    """With one torch thread calibration keeps the searched tensors of the later validation batches and the pass
+    runs no executor of its own; kept or not (RANGE_KEEP_BYTES 0), the same clipped ranges, the same file."""
+    from netquant.passes import calibration, matmul_ranges
+    from netquant.platforms.threads import thread_scope
+
+    path, calib, out, folder = encoder
+    built: list[int] = []
+
+    class Counted(matmul_ranges.Executor):  # type: ignore[misc,valid-type]
+        def __init__(self, *args, **kwargs):
+            built.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(matmul_ranges, "Executor", Counted)
+    files = {}
+    for keep in (calibration.RANGE_KEEP_BYTES, 0):
+        monkeypatch.setattr(calibration, "RANGE_KEEP_BYTES", keep)
+        built.clear()
+        with thread_scope(1):
+            q = netquant.quantize_onnx(str(path), calib, objective=None, quiet=True, matmul_ranges=True,
+                                       embeddings=False)
+        assert len(built) == (0 if keep else 1) and q.qgraph.range_tensors == {}
+        q.export(tmp_path / f"{keep}.onnx")
+        files[keep] = (tmp_path / f"{keep}.onnx").read_bytes()
+        assert [(c.tensor, c.clipped) for c in q.qgraph.clipped_ranges] == \
+            [(c.tensor, c.clipped) for c in out[True].qgraph.clipped_ranges]
+    assert files[0] == files[calibration.RANGE_KEEP_BYTES] == (folder / "True.onnx").read_bytes()
+
+
 def test_placement_keeps_clipped_ranges_only_where_its_loss_is_lower(encoder):
     path, calib, _, _ = encoder
     q = netquant.quantize_onnx(str(path), calib, quiet=True, matmul_ranges=True, embeddings=False)

@@ -62,6 +62,7 @@ from netquant.passes.distributed import (
     merge_observers_across_ranks,
 )
 from netquant.passes.flat_ranges import FlatRanges, clip_bounds
+from netquant.passes.matmul_ranges import range_tensor_candidates
 from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts
 from netquant.passes.quantizer import GraphIndex
@@ -82,6 +83,7 @@ def _needs_params(cfg: TensorQuantConfig | None) -> bool:
 
 
 VALIDATION_BATCHES = 3  # calibration batches kept for export validation ...
+RANGE_KEEP_BYTES = 128 << 20  # matmul_ranges' FP32 tensors kept per later validation batch, at most
 VALIDATION_SAMPLES = 24  # ... until they hold this many samples (the first batch always; 16 made the LiteRT check of
 # PP-OCRv4 rec borderline: 2 batches of 8 refused a file that 3 accept, 98.5% in LiteRT)
 
@@ -270,9 +272,16 @@ class CalibrationPass(PassBase):
             bound = lower.get(id(cfg), -math.inf)
             obs.observe(clamp_for_observation(x, bound) if use_flat and bound > -math.inf else x)
 
+        # matmul_ranges' tensors, kept from the later validation batches' executor runs with one thread (its own
+        # thread count) where they fit in RANGE_KEEP_BYTES (sized on the first batch)
+        range_wanted = set(range_tensor_candidates(graph)) if torch.get_num_threads() == 1 else set()
+        range_bytes: dict[str, int] = {}
+
         def observe(key: tuple[str, str, int], cfg: TensorQuantConfig, obs: Any, x: Any) -> None:
             if not isinstance(x, torch.Tensor):
                 return
+            if range_wanted and first_batches == 1 and tensor_of[id(cfg)] in range_wanted:
+                range_bytes[tensor_of[id(cfg)]] = x.numel() * x.element_size()
             if probing:
                 probing[-1].add(key, x)
             if recording and feeding:  # (not the stacking check's extra run)
@@ -290,6 +299,7 @@ class CalibrationPass(PassBase):
                 if j < len(outputs):
                     observe((node.name, "out", j), cfg, obs, outputs[j])
 
+        output_names = list(dict.fromkeys(v.name for v in graph.outputs))
         ex = Executor(graph, device=ctx.settings.device)
         ex.add_pre_hook(pre)
         ex.add_post_hook(post)
@@ -344,9 +354,15 @@ class CalibrationPass(PassBase):
                                 qgraph.validation_fp32.append(outs)
                             continue
                         recording.append(first)  # a value onnxruntime cannot give: the executor runs this batch
+                    kept = sorted(range_bytes) if first_batches > 1 and range_bytes and \
+                        sum(range_bytes.values()) * samples_in(batch) <= RANGE_KEEP_BYTES * samples_in(
+                            qgraph.validation_batches[0]) and torch.get_num_threads() == 1 else []
                     start = time.perf_counter()
-                    outputs = ex.run(batch)
+                    outputs = ex.run(batch, outputs=[*output_names, *kept]) if kept else ex.run(batch)
                     first.run_s.append(time.perf_counter() - start)
+                    if kept:
+                        qgraph.range_tensors[first_batches - 1] = {n: outputs[n] for n in kept}
+                        outputs = {n: outputs[n] for n in output_names}
                     stats.executor_runs += 1
                     if keep_outputs:  # export validation's FP32 reference, not computed again there
                         qgraph.validation_fp32.append(outputs)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -68,24 +68,38 @@ class _Site:
     errors: torch.Tensor | None = None  # [len(CLIPS)], float64
 
 
+def _weighted_reader(graph: Graph, node: Node) -> bool:
+    """Whether the op multiplies its input 0 by a constant float 2-D weight (input 1): a MatMul, or com.microsoft's
+    Attention."""
+    if node.op_type not in READERS or len(node.inputs) < 2:
+        return False
+    if node.op_type == "Attention" and node.domain != "com.microsoft":
+        return False
+    if node.op_type != "Attention" and node.domain not in ("", "ai.onnx"):
+        return False
+    w = graph.initializers.get(node.inputs[1])
+    return w is not None and w.is_floating_point() and w.dim() == 2
+
+
 def _weight_rows(graph: Graph, node: Node) -> torch.Tensor | None:
     """sum_n W[k, n]^2 of the op's constant 2-D weight as [K, N] (None: not such an op)."""
-    if node.op_type not in READERS or len(node.inputs) < 2:
+    if not _weighted_reader(graph, node):
         return None
-    if node.op_type == "Attention" and node.domain != "com.microsoft":
-        return None
-    if node.op_type != "Attention" and node.domain not in ("", "ai.onnx"):
-        return None
-    w = graph.initializers.get(node.inputs[1])
-    if w is None or not w.is_floating_point() or w.dim() != 2:
-        return None
-    return (w.double() ** 2).sum(1)
+    return (graph.initializers[node.inputs[1]].double() ** 2).sum(1)
 
 
 NORMS = frozenset({"LayerNormalization", "SkipLayerNormalization", "SimplifiedLayerNormalization",
                    "SkipSimplifiedLayerNormalization", "EmbedLayerNormalization", "RMSNormalization"})
 GELUS = frozenset({"Gelu", "FastGelu", "BiasGelu", "QuickGelu"})
 _MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Cast"})
+
+
+def range_tensor_candidates(graph: Graph) -> list[str]:
+    """The tensors the pass may search, from the graph's structure alone (a weighted reader's activation input after
+    a LayerNorm / GELU): what calibration keeps for it (QuantizedGraph.range_tensors)."""
+    out = [n.inputs[0] for n in graph.nodes
+           if n.inputs and n.inputs[0] not in graph.initializers and _weighted_reader(graph, n)]
+    return [t for t in dict.fromkeys(out) if after_norm_or_gelu(graph, t)]
 
 
 def after_norm_or_gelu(graph: Graph, tensor: str) -> bool:
@@ -146,8 +160,11 @@ class MatMulRangesPass(PassBase):
         qgraph = ctx.quantized
         if not qgraph.validation_batches:
             return
-        with thread_scope(1):  # the errors' sums (and so the choices) must not follow the thread count
-            self._run(ctx)
+        try:
+            with thread_scope(1):  # the errors' sums (and so the choices) must not follow the thread count
+                self._run(ctx)
+        finally:
+            qgraph.range_tensors = {}  # calibration's copies, read once
 
     def _sites(self, ctx: PassContext) -> Iterator[_Site]:
         qgraph = ctx.quantized
@@ -192,6 +209,16 @@ class MatMulRangesPass(PassBase):
         return oc is not None and any(emits(c) for i, c in enumerate(oc.inputs)
                                       if i < len(node.inputs) and node.inputs[i] == tensor)
 
+    def _batch_values(self, ex: Executor | None, qgraph: QuantizedGraph, index: int, batch: Any,
+                      names: list[str]) -> tuple[dict[str, Any], Executor | None]:
+        """The FP32 `names` on validation batch `index`: calibration's (QuantizedGraph.range_tensors, computed with
+        one thread as here) where it kept them all, else one executor run (the executor built on first use)."""
+        kept = qgraph.range_tensors.get(index, {})
+        if all(n in kept for n in names):
+            return kept, ex
+        ex = ex if ex is not None else Executor(qgraph.graph)
+        return ex.run(batch, outputs=names), ex
+
     def _run(self, ctx: PassContext) -> None:
         qgraph = ctx.quantized
         sites = list(self._sites(ctx))
@@ -201,13 +228,14 @@ class MatMulRangesPass(PassBase):
         for site in sites:
             site.candidates = _candidates(site.config, bits)
             site.errors = torch.zeros(len(site.candidates), dtype=torch.float64)
-        ex = Executor(qgraph.graph)
+        ex: Executor | None = None
         names = [s.tensor for s in sites]
         with torch.no_grad():
             # the kept batches after the first (the first is the accuracy budget's, which judges the choice in
             # placement: analysis.placement.ranges), all of them where there is one
-            for batch in qgraph.validation_batches[1:] or qgraph.validation_batches:
-                values = ex.run(batch, outputs=names)
+            batches = list(enumerate(qgraph.validation_batches))
+            for index, batch in batches[1:] or batches:
+                values, ex = self._batch_values(ex, qgraph, index, batch, names)
                 for site in sites:
                     x = values[site.tensor]
                     if not isinstance(x, torch.Tensor) or x.shape[-1] != site.w2.numel():

@@ -199,6 +199,10 @@ class QuantizedGraph:
         # calibration: the FP32 graph outputs of validation_batches and the graph_state they were computed on
         self.validation_fp32: list[dict[str, Any]] = []
         self.validation_fp32_state: tuple[Any, ...] | None = None
+        # calibration: FP32 tensors passes.matmul_ranges reads, per validation batch index (1, 2, ...), where
+        # calibration ran that batch in the executor with one torch thread (matmul_ranges' own thread count);
+        # matmul_ranges empties it
+        self.range_tensors: dict[int, dict[str, torch.Tensor]] = {}
         # the user's FP32 model as netquant loaded it (set by the API): export.fidelity's reference in onnxruntime
         self.fp32_source: Any = None
         # facts recorded by the passes (each written by one pass, read by later passes and reports)
