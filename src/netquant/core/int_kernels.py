@@ -429,7 +429,13 @@ def _block_errors(xb: torch.Tensor, inv: torch.Tensor, inv_max: torch.Tensor, sp
     if stride > 1:
         xb = xb.view(xb.shape[0], -1, 2)[:, ::stride].reshape(xb.shape[0], -1)
     t = xb.unsqueeze(0) * inv[:, :, None]  # [S, R, K]
-    q = round_with_policy_(t.clone(), spec.rounding, sign_source=t).clamp_(qmin, qmax)
+    if spec.rounding is RoundingPolicy.ROUND_HALF_EVEN:
+        q = torch.round(t)  # (a new buffer: the clone round_with_policy_ needs is this one)
+    else:
+        q = round_with_policy_(t.clone(), spec.rounding, sign_source=t)
+    # |t| <= max |x| * max (1/s) (1 + 2^-23) below min(qmax, -qmin) + 0.5 rounds inside [qmin, qmax]: no clamp
+    if float(xb.abs().amax()) * float(inv.amax()) * (1 + 2.0 ** -20) >= min(qmax, -qmin) + 0.5:
+        q.clamp_(qmin, qmax)
     d = t.sub_(q)
     err = d.mul_(d).sum(-1)  # [S, R]
     if stride > 1:
