@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.api import quantize_onnx, zoo
 from netquant.graph import Executor, load_onnx
-from netquant.passes.calib_ort import CalibEngine, LaterBatches, rounded, undecided
+from netquant.passes.calib_ort import CalibEngine, LaterBatches, rounded, undecided, zero_end_without_floor
 from netquant.passes.flat_ranges import clip_bounds
 from netquant.passes.quantizer import GraphIndex
 from netquant.passes.value_floors import value_floors
@@ -183,6 +183,27 @@ def test_light_models_scales_bit_identical(name: str) -> None:
     ex, on_ort = _both(str(path), _images(16, tuple(d if isinstance(d, int) else 1 for d in inp.shape)))
     assert on_ort.qgraph.calibration.engine == "onnxruntime"
     _assert_same_params(ex, on_ort)
+
+
+def test_a_zero_end_without_a_floor_keeps_auto_on_the_executor_before_onnxruntime_runs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An end at exactly 0 with no floor of 0 is undecided on every batch reaching it (any margin straddles 0), so auto
+    decides from the executor's first batches without building a session: shufflenet's Concat of a ReLU'd branch and
+    a BatchNormalization output (min 0 on every image)."""
+    assert zero_end_without_floor({"c": (0.0, 3.0)}, {}) == "c"  # no floor
+    assert zero_end_without_floor({"c": (0.0, 3.0)}, {"c": 0.0}) is None  # a ReLU's floor: decided
+    assert zero_end_without_floor({"n": (-2.0, 0.0)}, {}) == "n"  # an upper end at 0
+    assert zero_end_without_floor({"x": (0.0, 1.0)}, {}, frozenset({"x"})) is None  # read from the batch itself
+    assert zero_end_without_floor({"c": (-0.5, 3.0)}, {}) is None
+    import onnxruntime as ort
+
+    monkeypatch.setattr("netquant.passes.calibration.ORT_WORTH_S", 0.0)  # (6 images: worth trying on any CPU)
+    path, _ = zoo.light_model_path("shufflenet")
+    inp = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).get_inputs()[0]
+    qm = quantize_onnx(str(path), _images(6, tuple(d if isinstance(d, int) else 1 for d in inp.shape)), objective=None,
+                       quiet=True, threads=1)
+    c = qm.qgraph.calibration
+    assert c.engine == "executor" and c.ort_runs == 0 and "sits at 0 with no value floor" in c.engine_note
 
 
 def test_auto_keeps_large_weights_on_the_executor(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -270,6 +270,20 @@ def build_ort_model(graph: Any, tensors: Sequence[str]) -> bytes | None:
     return model.SerializeToString()
 
 
+def zero_end_without_floor(ranges: Mapping[str, tuple[float, float]], floors: Mapping[str, float],
+                           exact: frozenset[str] = frozenset()) -> str | None:
+    """A tensor whose range end the executor's first batches put at exactly 0 with no value floor of 0 there (a
+    Concat of a ReLU branch and an unbounded one): any margin around onnxruntime's 0 straddles 0, so that end is
+    undecided on every batch reaching it (`undecided`) and each would need an executor re-run: recurring_end's case,
+    seen before onnxruntime runs. exact: tensors read from the batch itself. None when there is none."""
+    for name, (lo, hi) in ranges.items():
+        if name in exact:
+            continue
+        if (lo == 0.0 and floors.get(name, -math.inf) < 0.0) or hi == 0.0:
+            return name
+    return None
+
+
 def recurring_end(ort_first: Sequence[Mapping[str, tuple[float, float] | None]], delta: float, bits: int,
                   floors: Mapping[str, float], noise: Mapping[str, NoiseProfile] | None = None,
                   exact: frozenset[str] = frozenset(),

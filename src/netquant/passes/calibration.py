@@ -12,6 +12,7 @@ scales (passes.calib_ort).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ from netquant.passes.calib_ort import (
     recurring_end,
     weight_bytes,
     with_extrema,
+    zero_end_without_floor,
 )
 from netquant.passes.calib_pool import SamplePool, pool_blocker
 from netquant.passes.calib_stack import (
@@ -135,6 +137,9 @@ class CalibrationPass(PassBase):
         if engine is CalibEngine.AUTO and weight_bytes(graph) > AUTO_MAX_WEIGHT_BYTES:
             return None, 0.0, (f"{weight_bytes(graph) / 2 ** 20:.0f} MiB of weights (onnxruntime's session would take "
                                f"long to build; auto tries it up to {AUTO_MAX_WEIGHT_BYTES >> 20} MiB)")
+        zero = zero_end_without_floor(first.ranges, floors, frozenset(v.name for v in graph.inputs))
+        if engine is CalibEngine.AUTO and zero is not None:
+            return None, 0.0, f"the range end of '{zero}' sits at 0 with no value floor (it recurs on a rounding boundary)"
         model = build_ort_model(graph, tensors)
         if model is None:
             return None, 0.0, "the graph is too large for one onnxruntime model with extra outputs"
@@ -328,7 +333,8 @@ class CalibrationPass(PassBase):
         def pool_map(hooked: dict[str, list[tuple[int, TensorQuantConfig, Any]]]) -> dict[str, list[tuple[int, str]]]:
             return {n: [(i, tensor_of[id(c)]) for i, c, _ in v] for n, v in hooked.items()}
 
-        with torch.no_grad():
+        with torch.no_grad(), contextlib.ExitStack() as closing:
+            closing.callback(lambda: pool.close() if pool is not None else None)  # an error mid-loop: threads back
             for index, batch in enumerate(ctx.track(data, "calibrating", total=data.num_batches)):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
