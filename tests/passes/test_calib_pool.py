@@ -44,6 +44,37 @@ def test_sample_threads_give_the_one_by_one_scales(monkeypatch: pytest.MonkeyPat
     assert build_qdq_model(one.qgraph)[0].SerializeToString() == build_qdq_model(two.qgraph)[0].SerializeToString()
 
 
+def test_the_pool_runs_torch_on_one_thread_and_gives_the_count_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Sample threads each run torch on one intra-op thread (no oversubscription under a 2-thread scope), and
+    the caller's count is back after the pool, also when calibration fails mid-way."""
+    seen: list[int] = []
+
+    class Spy(calib_pool.SamplePool):
+        def _run(self, batch: dict[str, Any]) -> Any:
+            seen.append(torch.get_num_threads())
+            return super()._run(batch)
+
+    monkeypatch.setattr(calibration, "SamplePool", Spy)
+    monkeypatch.setattr(calibration, "sample_workers", lambda: 2)
+    monkeypatch.setattr(calib_pool, "MIN_RUN_S", 0.0)
+    monkeypatch.setattr(calib_pool, "MIN_REST_S", 0.0)
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        quantize_onnx(conv_net(batch=1), _images(8), calib_engine="executor", objective=None, quiet=True, threads=2)
+        assert seen and set(seen) == {1} and torch.get_num_threads() == 2
+
+        def broken():  # the data fails after the pool has started
+            yield from _images(5)
+            raise RuntimeError("reader failed")
+
+        with pytest.raises(Exception, match="reader failed"):
+            quantize_onnx(conv_net(batch=1), broken(), calib_engine="executor", objective=None, quiet=True, threads=2)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
 def test_a_non_finite_batch_is_left_to_the_observers(monkeypatch: pytest.MonkeyPatch) -> None:
     """A later batch with a NaN: the pool returns no extrema for it and the calibration's executor runs it, so the
     observers see the NaN as they would one by one (same outcome either way)."""
@@ -74,10 +105,10 @@ def test_sample_workers_follow_the_policy(monkeypatch: pytest.MonkeyPatch) -> No
         assert sample_workers() == 1  # an explicit count: the user's
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    with thread_scope() as n:
-        assert sample_workers() == max(1, usable_cpus(affinity_cpus(), cgroup_quota()) // n)
+    with thread_scope():  # the policy's count: one sample thread (on one intra-op thread) per usable CPU
+        assert sample_workers() == max(1, usable_cpus(affinity_cpus(), cgroup_quota()))
         with thread_scope():  # a nested scope keeps the outer one's
-            assert sample_workers() == max(1, usable_cpus(affinity_cpus(), cgroup_quota()) // n)
+            assert sample_workers() == max(1, usable_cpus(affinity_cpus(), cgroup_quota()))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     with thread_scope():
         assert sample_workers() == 1

@@ -1,14 +1,14 @@
 """Calibration samples run side by side: the executor on several Python threads, one sample each.
 
 Where calibration runs the executor one batch at a time (stacking ruled out, onnxruntime not chosen) and the thread
-policy leaves CPUs to sample threads (platforms.threads.sample_workers: it chose fewer intra-op threads than usable
-CPUs because others keep them busy), the later batches run on `workers` threads, each with its own Executor over the
-same graph and torch on the scope's intra-op threads (torch's ops release the GIL). Each run keeps only each observed
+policy chose the thread count (platforms.threads.sample_workers: one sample thread per usable CPU), the later batches
+run on `workers` threads, each with its own Executor over the same graph and torch on one intra-op thread (the pool
+sets torch's count to 1 for its lifetime and restores it; torch's ops release the GIL). Each run keeps only each observed
 tensor's (min, max), as passes.calib_ort does for onnxruntime, and the min-max observers are fed those pairs at the
 end, which leaves them in the state the whole tensors would.
 
-Identical statistics: the runs are the executor's own (the same ops on the same thread count per op), so every
-extremum is bit-identical to a sequential run; no check is needed. A batch with a non-finite value is left to the
+Identical statistics: the runs are the executor's own (the same ops, one intra-op thread each), so every extremum is
+bit-identical to a sequential run with one thread; no check is needed. A batch with a non-finite value is left to the
 calibration's own executor (its observers say what is wrong).
 
 Used only where a run is long enough for threads to pay (the executor's fastest first-batch run at least
@@ -30,8 +30,10 @@ from netquant.core.spec import Granularity
 from netquant.graph.executor import Executor
 from netquant.passes.calib_ort import FirstBatches
 
-MIN_RUN_S = 0.02  # shorter runs are mostly Python (the GIL): threads would not overlap
-MIN_REST_S = 1.0  # the remaining batches' executor time below which the pool is not started
+MIN_RUN_S = 0.005  # shorter runs are mostly Python (the GIL): threads would not overlap (shufflenet's 10 ms runs
+# did: 6.8 ms a sample on two sample threads)
+MIN_REST_S = 0.25  # the remaining batches' executor time below which the pool is not started (its threads and
+# executors cost ~0.05 s)
 
 
 def pool_blocker(observers: Sequence[Any], workers: int, device: str, distributed: bool, run_s: Sequence[float],
@@ -66,6 +68,8 @@ class SamplePool:
         self.on_output = on_output
         self.workers = workers
         self._local = threading.local()
+        self._threads = torch.get_num_threads()  # restored by results()
+        torch.set_num_threads(1)  # before the pool's threads start: each takes the count at its first op
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="netquant-calib")
         self.jobs: list[tuple[int, dict[str, Any], Future[dict[str, tuple[float, float]] | None]]] = []
 
@@ -105,5 +109,12 @@ class SamplePool:
         try:
             return [(i, b, f.result()) for i, b, f in self.jobs]
         finally:
+            self.close()
+
+    def close(self) -> None:
+        """Shut the threads down (pending batches dropped) and give torch back its intra-op count; idempotent."""
+        if self._threads:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self.jobs = []
+            torch.set_num_threads(self._threads)
+            self._threads = 0

@@ -225,15 +225,16 @@ def thread_scope(threads: int | str | None = None) -> Iterator[int]:
 
 
 def sample_workers() -> int:
-    """Python threads that may each run whole calibration samples on one intra-op thread (passes.calib_pool):
-    inside a thread_scope whose count the policy chose (no threads=, no OMP_NUM_THREADS, not under torchrun),
-    usable CPUs // the scope's threads; else 1. Independent runs have no fork-join barrier, so on CPUs other work
-    keeps busy they lose only their share of the CPU, not the waits that made the policy take fewer intra-op
-    threads there (vgg19 on a 2-core AMD EPYC, 2 busy processes: 1.5-2.0 s per sample on one thread, 0.9-1.0 s on
-    two sample threads, the same CPU time per sample)."""
+    """Python threads that may each run whole calibration samples on one intra-op thread (passes.calib_pool, which
+    sets torch's count to 1 while they run): inside a thread_scope whose count the policy chose (no threads=, no
+    OMP_NUM_THREADS, not under torchrun), the usable CPUs; else 1. Independent runs have no fork-join barrier: on an
+    idle 2-core AMD EPYC shufflenet's batch-1 runs took 6.8 ms a sample on two sample threads vs 10.7 ms on two
+    intra-op threads (15.1 ms on one), and on CPUs other work keeps busy they lose only their share of the CPU, not
+    the waits that made the policy take fewer intra-op threads there (vgg19, 2 busy processes: 1.5-2.0 s per sample
+    on one thread, 0.9-1.0 s on two sample threads, the same CPU time per sample)."""
     if not _active or not _auto[-1]:
         return 1
-    return max(1, usable_cpus(affinity_cpus(), cgroup_quota()) // max(1, _active[-1]))
+    return max(1, usable_cpus(affinity_cpus(), cgroup_quota()))
 
 
 def apply_to_session_options(options: object) -> None:
