@@ -76,3 +76,32 @@ def test_placement_all_int8_fake_quant_run_is_reused_bit_for_bit(tmp_path: Path)
     qgraph.fake_quant_run = None
     fresh_export = export_qdq(qm, tmp_path / "b.onnx", check_kernels=False)
     assert reused.output_cosine == fresh_export.output_cosine
+
+
+def test_validation_keeps_exactly_its_samples_of_large_batches(monkeypatch) -> None:
+    """Batches of 16: validation keeps the first batch and 8 samples of the second (VALIDATION_SAMPLES 24, not 32);
+    the second batch's other 8 samples are still observed (the same scales as with both batches kept whole), and the
+    kept FP32 outputs are those of the kept samples. A static batch dim is never cut."""
+    import netquant.passes.calibration as calibration
+    from netquant.passes.calib_stack import samples_in
+    from tests.helpers.quant_params import tensor_params
+
+    data = calib_batches((16, 3, 8, 8), n=4)
+    cut = netquant.quantize_onnx(conv_relu_gemm(), data, quiet=True, objective=None)
+    q = cut.qgraph
+    assert [samples_in(b) for b in q.validation_batches] == [16, 8] == [int(o["y"].shape[0]) for o in q.validation_fp32]
+    assert q.calibration.executor_runs == 5  # 16, 8 + the other 8, 16, 16
+    fresh = q.executor(fake_quant=False)
+    with torch.no_grad():
+        assert torch.equal(fresh.run(q.validation_batches[1])["y"], q.validation_fp32[1]["y"])
+    monkeypatch.setattr(calibration, "VALIDATION_SAMPLES", 32)
+    whole = netquant.quantize_onnx(conv_relu_gemm(), data, quiet=True, objective=None)
+    assert [samples_in(b) for b in whole.qgraph.validation_batches] == [16, 16]
+    a, b = tensor_params(cut), tensor_params(whole)
+    assert a.keys() == b.keys() and all(torch.equal(a[k][0], b[k][0]) and torch.equal(a[k][1], b[k][1]) for k in a)
+    monkeypatch.setattr(calibration, "VALIDATION_SAMPLES", 24)
+    from tests.helpers.export_models import conv_net
+
+    static = netquant.quantize_onnx(conv_net(batch=16), calib_batches((16, 3, 16, 16), n=3), quiet=True,
+                                    objective=None)
+    assert [samples_in(b) for b in static.qgraph.validation_batches] == [16, 16]  # a static batch dim: whole

@@ -43,6 +43,15 @@ def samples_in(batch: Mapping[str, Any]) -> int:
     return int(first.shape[0]) if isinstance(first, torch.Tensor) and first.dim() > 0 else 1
 
 
+def split_at(batch: Mapping[str, Any], n: int) -> tuple[Batch, Batch] | None:
+    """(the first n samples, the rest) of a batch whose tensors all hold more than n samples along dim 0; None
+    otherwise."""
+    if not batch or not all(isinstance(v, torch.Tensor) and v.dim() > 0 and v.shape[0] == samples_in(batch)
+                            for v in batch.values()) or not 0 < n < samples_in(batch):
+        return None
+    return {k: v[:n] for k, v in batch.items()}, {k: v[n:] for k, v in batch.items()}
+
+
 def same_layout(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> bool:
     """Batches that concatenate along dim 0: same inputs, dtypes and shapes past dim 0."""
     if a.keys() != b.keys():

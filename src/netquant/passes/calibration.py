@@ -54,6 +54,7 @@ from netquant.passes.calib_stack import (
     same_layout,
     same_outputs,
     samples_in,
+    split_at,
     stack_blocker,
     stack_size,
 )
@@ -85,9 +86,10 @@ def _needs_params(cfg: TensorQuantConfig | None) -> bool:
 
 
 VALIDATION_BATCHES = 3  # calibration batches kept for export validation ...
+VALIDATION_SAMPLES = 24  # ... until they hold this many samples (the first batch always whole, a later one cut to the
+# samples still needed where it can be; 16 made the LiteRT check of PP-OCRv4 rec borderline: 2 batches of 8 refused a
+# file that 3 accept, 98.5% in LiteRT)
 RANGE_KEEP_BYTES = 128 << 20  # matmul_ranges' FP32 tensors kept per later validation batch, at most
-VALIDATION_SAMPLES = 24  # ... until they hold this many samples (the first batch always; 16 made the LiteRT check of
-# PP-OCRv4 rec borderline: 2 batches of 8 refused a file that 3 accept, 98.5% in LiteRT)
 
 
 @dataclass
@@ -167,6 +169,19 @@ class CalibrationPass(PassBase):
         if engine is CalibEngine.AUTO and t_ort > ORT_FASTER * t_ex:
             return None, delta, f"onnxruntime takes {1e3 * t_ort:.1f} ms per batch, the executor {1e3 * t_ex:.1f} ms"
         return ort, delta, None
+
+    @staticmethod
+    def _observe_only(ex: Executor, batch: dict[str, Any], probing: list[Any], recording: list[Any]) -> None:
+        """One executor run the observers see and the first batches' records (the stacking check's extrema,
+        onnxruntime's comparison) do not: the samples past a cut validation batch."""
+        held = (list(probing), list(recording))
+        probing.clear()
+        recording.clear()
+        try:
+            ex.run(batch)
+        finally:
+            probing.extend(held[0])
+            recording.extend(held[1])
 
     @staticmethod
     def _finish_ort(ex: Executor, later: LaterBatches, batches: dict[int, dict[str, Any]], first: FirstBatches,
@@ -344,6 +359,12 @@ class CalibrationPass(PassBase):
                                    f"onnxruntime would not save its session's and check runs' time)")
                         recording.clear()  # (nothing to compare)
                 if first_batches < VALIDATION_BATCHES and first_samples < VALIDATION_SAMPLES:
+                    # a later batch that would take the kept ones past VALIDATION_SAMPLES is kept cut to the samples
+                    # still needed, where samples run alike in any grouping (blocker None); the rest is observed
+                    # right after (validation then runs 24 samples, not 32, of batches of 16)
+                    parts = split_at(batch, VALIDATION_SAMPLES - first_samples) \
+                        if first_batches and blocker is None else None
+                    batch, tail = parts if parts is not None else (batch, None)
                     first_batches += 1
                     first_samples += samples_in(batch)
                     qgraph.validation_batches.append(batch)
@@ -365,7 +386,11 @@ class CalibrationPass(PassBase):
                             qgraph.validation_batches[0]) and torch.get_num_threads() == 1 else []
                     start = time.perf_counter()
                     outputs = ex.run(batch, outputs=[*output_names, *kept]) if kept else ex.run(batch)
-                    first.run_s.append(time.perf_counter() - start)
+                    if tail is None:  # (a cut batch's time would understate the batches')
+                        first.run_s.append(time.perf_counter() - start)
+                    else:
+                        self._observe_only(ex, tail, probing, recording)
+                        stats.executor_runs += 1
                     if kept:
                         qgraph.range_tensors[first_batches - 1] = {n: outputs[n] for n in kept}
                         outputs = {n: outputs[n] for n in output_names}
