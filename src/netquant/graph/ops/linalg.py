@@ -14,6 +14,10 @@ Tensor = torch.Tensor
 
 def _matmul(a: Tensor, b: Tensor) -> Tensor:
     if a.is_floating_point():
+        if a.dim() > 2 and b.dim() == 2 and not a.is_contiguous():
+            # torch folds [..., K] @ [K, N] into one GEMM only for a foldable view; a transposed one (a seq-first
+            # encoder's [seq, batch, K]) went to batched GEMMs of seq rows: 25% slower than copy + one GEMM
+            a = a.contiguous()
         return torch.matmul(a, b)
     dt = a.dtype
     # integer matmul: torch CPU lacks some int kernels; int64 is exact for the sizes ONNX tests use
