@@ -18,7 +18,8 @@ The algorithm (`search_placement`), deterministic for a given set of measurement
    with its neighbours), decide step 3 again (the budget's floats of step 4 stay); stop when nothing changes, after MAX_ROUNDS or at the time cap;
 6. keep, among the measured candidates that meet the budget (the all-INT8 graph included), the fastest (LATENCY) or
    the one with the fewest float regions that is no slower than FP32 (BALANCED, ACCURACY; the fastest where none is).
-7. static or dynamic (onnxruntime, `dynamic.choose_dynamic`): the INT8 MatMul regions are profiled once more with their
+7. static or dynamic (onnxruntime, `dynamic.choose_dynamic`, started only within the time cap: past it every region
+   stays static): the INT8 MatMul regions are profiled once more with their
    activation quantized at run time (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's
    DynamicQuantizeMatMul); regions clearly faster so are the per-region choice; the all-static file, the
    all-dynamic one and the per-region choice (where it is neither) are then compared: by their profile sums where
