@@ -28,6 +28,7 @@ from netquant.passes.ptq import run_ptq
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.passes.settings import Objective, QuantSettings
 from netquant.platforms import Platform
+from netquant.platforms.heap import long_lived_frozen
 from netquant.platforms.platform import Validation
 from netquant.platforms.threads import thread_scope
 
@@ -160,7 +161,7 @@ def quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Grap
     if torch.is_inference_mode_enabled():  # tensors made under inference_mode have no version counter to track
         with torch.inference_mode(False):
             return quantize_onnx(model, calib_data, platform, passes=passes, threads=threads, **settings)
-    with thread_scope(threads) as n:
+    with thread_scope(threads) as n, long_lived_frozen():
         qmodel = _quantize_onnx(model, calib_data, platform, passes, settings)
     qmodel.threads = n
     return qmodel

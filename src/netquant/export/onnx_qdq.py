@@ -58,6 +58,7 @@ from netquant.export.validate import (
     validation_feeds,
 )
 from netquant.passes.quant_graph import QuantizedGraph
+from netquant.platforms.heap import long_lived_frozen
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
 from netquant.platforms.threads import thread_scope
@@ -332,7 +333,7 @@ def export_qdq(qmodel: Exportable, path: str | os.PathLike[str], *, opset: int |
     Runs under platforms.threads.thread_scope: the threads quantization used (QuantizedModel.threads), else the
     policy's.
     """
-    with thread_scope(getattr(qmodel, "threads", None)):
+    with thread_scope(getattr(qmodel, "threads", None)), long_lived_frozen():
         return _export_qdq(qmodel, path, opset, validate, sample, min_cosine, max_error_ratio, check_kernels,
                            min_fp32_cosine)
 
