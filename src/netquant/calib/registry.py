@@ -4,6 +4,7 @@ Each observer class registers itself with @register_observer("name", aliases=(..
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from typing import TypeVar
@@ -62,7 +63,10 @@ def make_observer(name: str, spec: QuantSpec | None = None, **opts: object) -> O
     return cls(spec, **opts)
 
 
-def _accepted_options(cls: type[Observer]) -> set[str]:
+@functools.cache
+def _accepted_options(cls: type[Observer]) -> frozenset[str]:
+    """The keyword-only options of the class's __init__ chain (once per class: inspect.signature took 0.04 s of a
+    calibration's 129 observers)."""
     names: set[str] = set()
     for klass in cls.__mro__:
         init = klass.__dict__.get("__init__")
@@ -71,4 +75,4 @@ def _accepted_options(cls: type[Observer]) -> set[str]:
         for p in inspect.signature(init).parameters.values():
             if p.kind is p.KEYWORD_ONLY:
                 names.add(p.name)
-    return names
+    return frozenset(names)
