@@ -225,19 +225,25 @@ class OrtStatistics:
                     ) -> dict[str, tuple[float, float] | None] | None:
         got: dict[str, tuple[float, float] | None] = {}
         arrays = [*zip(self.fetched, outs), *((t, batch[t]) for t in self.from_feed)]
+        pairs: list[tuple[str, torch.Tensor]] = []  # each tensor's [min, max], read back in one conversion
         for name, arr in arrays:
             t = arr if isinstance(arr, torch.Tensor) else torch.from_numpy(np.asarray(arr))
             if not t.is_floating_point():
                 return None
-            e = _extrema(t.detach().float())
-            if e is not None and not (math.isfinite(e[0]) and math.isfinite(e[1])):
-                return None
-            got[name] = e
+            if t.numel() == 0:
+                got[name] = None
+            else:
+                pairs.append((name, torch.stack(torch.aminmax(t.detach().reshape(-1).float()))))
             if name in executor and name not in self.from_feed:
                 profile = NoiseProfile.measure(t, executor[name])
                 if profile is not None:
                     self.noise[name] = profile
-        return got
+        values = torch.stack([p for _, p in pairs]).tolist() if pairs else []
+        for (name, _), (lo, hi) in zip(pairs, values, strict=True):
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                return None
+            got[name] = (lo, hi)
+        return {name: got[name] for name, _ in arrays}  # (in the tensors' order)
 
 
 def weight_bytes(graph: Any) -> int:
