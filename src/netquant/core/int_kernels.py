@@ -362,6 +362,17 @@ def _pair_limited_scale_nk(x: torch.Tensor, scale: torch.Tensor, zero_point: tor
     if bool(zero_point.any()):
         return _pair_limited_scale_any(x, scale, zero_point, spec, limit, factors)
     x_nk = limit.layout.to_nk(x).to(torch.float32)
+    flat = scale.reshape(-1)
+    if x_nk.shape[0] > 1 and bool((x_nk == x_nk.reshape(-1)[0]).all()) and bool((flat == flat[0]).all()):
+        # one value under one scale (a constant-initialized layer): every row's search is the first row's
+        return _search_rows(x_nk[:1], flat[:1], spec, limit, factors).expand(flat.shape).reshape(scale.shape).clone()
+    return _search_rows(x_nk, flat, spec, limit, factors).reshape(scale.shape)
+
+
+def _search_rows(x_nk: torch.Tensor, scale: torch.Tensor, spec: QuantSpec, limit: PairSumLimit,
+                 factors: torch.Tensor) -> torch.Tensor:
+    """_pair_limited_scale_nk's search on rows x_nk [N, K] (float32; row r is channel r % C) under per-channel
+    scales `scale` [C]; the chosen scale per channel, [C]."""
     if x_nk.shape[1] % 2:
         x_nk = F.pad(x_nk, (0, 1))  # the pad's code is 0: its pair never exceeds the limit, its error is 0
     x_nk = x_nk.contiguous()
