@@ -91,12 +91,15 @@ class SearchState:
 
     def wall_clock(self, models: list[onnx.ModelProto], settled: Callable[[list[float]], bool] | None = None,
                    source: onnx.ModelProto | None = None) -> list[float]:
-        """Wall-clock ms of each model against the others (analysis.profile.wall_clock_ms within WALL_BUDGET_S), its
-        time counted in profile_s; a model that `is` `source` runs in the search's source session (session_of)."""
+        """Wall-clock ms of each model against the others (analysis.profile.wall_clock_ms within WALL_BUDGET_S, at
+        most what the time cap has left: fewer runs per round, then fewer rounds, down to 3 rounds of one run of each
+        model), its time counted in profile_s; a model that `is` `source` runs in the search's source session
+        (session_of)."""
         t = time.perf_counter()
         try:
             sessions = [self.session_of(m) if source is not None and m is source else None for m in models]
-            return wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=WALL_BUDGET_S,
+            budget = min(WALL_BUDGET_S, max(0.0, self.deadline - time.perf_counter()))
+            return wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=budget,
                                  settled=settled, threads=WALL_THREADS, sessions=sessions)
         finally:
             self.profile_s += time.perf_counter() - t
