@@ -116,3 +116,18 @@ def test_edge_floats_are_deterministic_and_saved(placed, tmp_path):
     a.save(tmp_path / "p.json")
     text = (tmp_path / "p.json").read_text()
     assert "edge_floats" in text and Reason.EDGE in text
+
+
+def test_an_all_int8_loss_at_float_noise_tries_no_edge_and_measures_no_sensitivity() -> None:
+    """squeezenet with its test-data weights (every element 0.02): all INT8 gives FP32's output to float precision
+    (loss ~1e-32), so no edge float is tried and the report measures no sensitivity (gains of float noise)."""
+    from netquant.analysis.placement.constants import LOSS_NOISE
+    from netquant.api import quantize_onnx, zoo
+
+    path, _ = zoo.light_model_path("squeezenet")
+    shape = [d if isinstance(d, int) else 1 for d in ort.InferenceSession(str(path)).get_inputs()[0].shape]
+    rng = np.random.default_rng(0)
+    qm = quantize_onnx(str(path), [rng.standard_normal(shape).astype(np.float32) for _ in range(4)], quiet=True)
+    p = qm.placement
+    assert p.measured["loss_all_int8"] <= LOSS_NOISE and "edge_floats" not in p.measured
+    assert all(r.gain is None and r.loss_only is None for r in p.regions)

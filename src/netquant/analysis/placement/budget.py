@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from netquant.analysis.placement.constants import RANKED_REGIONS, SENSITIVITY_SAMPLES, WIDER_SHARE
+from netquant.analysis.placement.constants import LOSS_NOISE, RANKED_REGIONS, SENSITIVITY_SAMPLES, WIDER_SHARE
 from netquant.analysis.placement.inputs import first_samples
 from netquant.analysis.placement.measure import SearchState
 from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
@@ -244,8 +244,8 @@ class AccuracyBudget:
     def report(self, best: frozenset[str], deadline: float) -> dict[str, Sensitivity]:
         """Each region's sensitivity (vs all INT8) for the report, placed regions first, until `deadline`."""
         sens: dict[str, Sensitivity] = {}
-        if self.meter is None:
-            return sens
+        if self.meter is None or (self.meter.metric is None and self.loss(set()) <= LOSS_NOISE):
+            return sens  # (output-cosine gains at float noise would say nothing)
         everything = set(self.s.by_anchor)
         for r in sorted(self.s.regions, key=lambda r: (r.anchor not in best, r.anchor)):
             if time.perf_counter() > deadline:

@@ -12,6 +12,7 @@ from netquant.analysis.placement.budget import AccuracyBudget, WideFactory
 from netquant.analysis.placement.constants import (
     DEFAULT_MAX_LOSS,
     EDGE_MIN_GAIN,
+    LOSS_NOISE,
     MAX_ROUNDS,
     MIN_TIME_S,
     MIN_WEIGHTS,
@@ -155,12 +156,14 @@ def edge_floats(s: SearchState, budget: AccuracyBudget, objective: Objective) ->
     if not candidates:
         return {}
     base = budget.loss(set())
+    if base <= LOSS_NOISE:  # all INT8 already gives FP32's output to float precision: no float saves loss
+        return {}
     out: dict[str, EdgeFloat] = {}
     for a, share in candidates.items():
         if s.settle({a}) != {a}:  # onnxruntime would quantize it anyway (or it drags others along)
             continue
         lf = budget.loss({a})
-        if base > 0 and base - lf >= EDGE_MIN_GAIN * base:
+        if base - lf >= EDGE_MIN_GAIN * base:
             out[a] = EdgeFloat(a, share, base, lf)
     return out
 
