@@ -82,6 +82,21 @@ def _auto(model: onnx.ModelProto, batches: list[Any], monkeypatch: pytest.Monkey
     return quantize_onnx(model, batches, objective=None, quiet=True, threads=1, simplify=False)
 
 
+def test_later_batches_on_onnxruntime_batch_threads_give_the_same_scales(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the policy leaves sample threads, onnxruntime's later batches run on that many threads at once (one
+    intra-op thread each): the scales are the executor's, bit for bit, and the threads are gone after."""
+    import threading
+
+    import netquant.passes.calibration as calibration
+
+    monkeypatch.setattr(calibration, "sample_workers", lambda: 2)
+    ex, on_ort = _both(conv_net(batch=1), _images(20))
+    c = on_ort.qgraph.calibration
+    assert c.engine == "onnxruntime" and c.sample_workers == 2 and c.ort_runs >= 19
+    _assert_same_params(ex, on_ort)
+    assert not [t for t in threading.enumerate() if t.name.startswith("netquant-calib-ort")]
+
+
 def test_hard_swish_minimum_is_settled_by_its_floor(monkeypatch: pytest.MonkeyPatch) -> None:
     model, batches = _hard_swish_model(), _images(12, (1, 8), seed=5)
     graph = load_onnx(model)

@@ -53,6 +53,7 @@ import enum
 import math
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -179,7 +180,9 @@ class OrtStatistics:
     """The graph in onnxruntime with `tensors` exposed as outputs; per batch, each tensor's (min, max)."""
 
     def __init__(self, model_bytes: bytes, tensors: Sequence[str], graph_inputs: set[str],
-                 graph_outputs: Sequence[str] = ()) -> None:
+                 graph_outputs: Sequence[str] = (), workers: int = 1) -> None:
+        """workers > 1: the later batches run on that many threads at once (`submit`), the session on one intra-op
+        thread each (onnxruntime's Run is thread-safe); else on the thread_scope's threads."""
         import onnxruntime as ort
 
         from netquant.platforms.threads import apply_to_session_options
@@ -189,12 +192,29 @@ class OrtStatistics:
         self.graph_outputs = [o for o in graph_outputs if o not in graph_inputs]
         so = ort.SessionOptions()
         apply_to_session_options(so)
+        if workers > 1:
+            so.intra_op_num_threads = 1
+            so.inter_op_num_threads = 1
         so.log_severity_level = 3
+        self.workers = workers
+        self._pool: ThreadPoolExecutor | None = None
         self.session = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
         self.inputs = {i.name for i in self.session.get_inputs()}
         self.run_s: list[float] = []
         self.first: list[dict[str, tuple[float, float] | None]] = []  # extrema of the first batches run here
         self.noise: dict[str, NoiseProfile] = {}  # tensor -> its difference from the executor by magnitude
+
+    def submit(self, batch: Mapping[str, torch.Tensor]) -> Future[dict[str, tuple[float, float] | None] | None]:
+        """`extrema` of a later batch on one of `workers` threads (started on first use; `close` ends them)."""
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="netquant-calib-ort")
+        return self._pool.submit(self.extrema, batch)
+
+    def close(self) -> None:
+        """Shut the batch threads down (pending batches dropped); idempotent."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
 
     def extrema(self, batch: Mapping[str, torch.Tensor], executor: Mapping[str, Kept] | None = None
                 ) -> dict[str, tuple[float, float] | None] | None:

@@ -146,7 +146,8 @@ class CalibrationPass(PassBase):
         if model is None:
             return None, 0.0, "the graph is too large for one onnxruntime model with extra outputs"
         try:
-            ort = OrtStatistics(model, tensors, {v.name for v in graph.inputs}, [v.name for v in graph.outputs])
+            ort = OrtStatistics(model, tensors, {v.name for v in graph.inputs}, [v.name for v in graph.outputs],
+                                workers=sample_workers())
             # the first batch also elementwise against the executor's kept tensors: each tensor's own noise
             got = [ort.extrema(b, first.kept if i == 0 else None) for i, b in enumerate(first_batches)]
         except Exception as exc:  # noqa: BLE001 - onnxruntime lacks an op or a type: the executor calibrates
@@ -169,6 +170,23 @@ class CalibrationPass(PassBase):
         if engine is CalibEngine.AUTO and t_ort > ORT_FASTER * t_ex:
             return None, delta, f"onnxruntime takes {1e3 * t_ort:.1f} ms per batch, the executor {1e3 * t_ex:.1f} ms"
         return ort, delta, None
+
+    @staticmethod
+    def _settle_ort_batch(ex: Executor, later: LaterBatches, later_batches: dict[int, dict[str, Any]], index: int,
+                          batch: dict[str, Any], got: dict[str, tuple[float, float] | None] | None,
+                          first: FirstBatches, recording: list[FirstBatches], stats: CalibrationCounts) -> None:
+        """A later batch's onnxruntime extrema kept for the observers; where onnxruntime could not give them (a
+        failed run, a non-float or non-finite value), the executor runs the batch with the observers attached."""
+        if got is not None:
+            later.add(index, got)
+            later_batches[index] = batch
+            return
+        recording.append(first)
+        try:
+            ex.run(batch)
+        finally:
+            recording.clear()
+        stats.executor_runs += 1
 
     @staticmethod
     def _observe_only(ex: Executor, batch: dict[str, Any], probing: list[Any], recording: list[Any]) -> None:
@@ -350,6 +368,8 @@ class CalibrationPass(PassBase):
 
         with torch.no_grad(), contextlib.ExitStack() as closing:
             closing.callback(lambda: pool.close() if pool is not None else None)  # an error mid-loop: threads back
+            closing.callback(lambda: ort.close() if ort is not None else None)
+            ort_jobs: list[tuple[int, dict[str, Any], Any]] = []  # later batches on onnxruntime's batch threads
             for index, batch in enumerate(ctx.track(data, "calibrating", total=data.num_batches)):
                 if qgraph.sample_inputs is None:
                     qgraph.sample_inputs = batch  # one real batch, kept for export validation and reports
@@ -428,16 +448,12 @@ class CalibrationPass(PassBase):
                 if shard is not None and not shard.owns(index, first_batches):
                     continue
                 if ort is not None:
-                    got = ort.extrema(batch)
                     stats.ort_runs += 1
-                    if got is not None:
-                        later.add(index, got)
-                        later_batches[index] = batch
+                    if ort.workers > 1:  # on the session's batch threads; settled in order after the loop
+                        ort_jobs.append((index, batch, ort.submit(batch)))
                         continue
-                    recording.append(first)  # a value onnxruntime cannot give: the executor runs this batch
-                    ex.run(batch)
-                    recording.clear()
-                    stats.executor_runs += 1
+                    self._settle_ort_batch(ex, later, later_batches, index, batch, ort.extrema(batch), first,
+                                           recording, stats)
                     continue
                 if limit <= 1:
                     if pool is None and pool_why is None:
@@ -459,6 +475,12 @@ class CalibrationPass(PassBase):
                 if sum(map(samples_in, pending)) >= limit:
                     flush()
             flush()
+            for i, batch, job in ort_jobs:  # (in batch order)
+                self._settle_ort_batch(ex, later, later_batches, i, batch, job.result(), first, recording, stats)
+            if ort is not None:
+                ort.close()
+                if ort_jobs:
+                    stats.sample_workers = ort.workers
             if pool is not None:  # exact extrema (the executor's own runs): nothing undecided
                 for i, batch, got in pool.results():
                     stats.executor_runs += 1
