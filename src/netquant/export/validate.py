@@ -75,7 +75,11 @@ def validation_feeds(qgraph: QuantizedGraph, sample: Any = None, *, seed: int = 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
-    na, nb = np.linalg.norm(a64), np.linalg.norm(b64)
+    return _cosine64(a64, b64, float(np.linalg.norm(a64)), float(np.linalg.norm(b64)))
+
+
+def _cosine64(a64: np.ndarray, b64: np.ndarray, na: float, nb: float) -> float:
+    """cos(a, b) of flat float64 runs with their norms given (1.0 when both are zero)."""
     if na == 0 and nb == 0:
         return 1.0
     return float(a64 @ b64 / max(na * nb, 1e-300))
@@ -241,14 +245,9 @@ def agreement_of(engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> Ag
         same = float(np.array_equal(engine_y, fq_y))
         return Agreement(same, same, same, diff)
     e, q, f = (y.astype(np.float64).ravel() for y in (engine_y, fq_y, fp_y))
-    diff = float(np.abs(q - e).max(initial=0))
-    norms = {id(y): np.linalg.norm(y) for y in (e, q, f)}
-
-    def cos(a: np.ndarray, b: np.ndarray) -> float:
-        na, nb = norms[id(a)], norms[id(b)]
-        return 1.0 if na == 0 and nb == 0 else float(a @ b / max(na * nb, 1e-300))
-
-    return Agreement(cos(e, q), cos(e, f), cos(q, f), diff, float(np.abs(e).max(initial=0)),
+    ne, nq, nf = (float(np.linalg.norm(y)) for y in (e, q, f))
+    return Agreement(_cosine64(e, q, ne, nq), _cosine64(e, f, ne, nf), _cosine64(q, f, nq, nf),
+                     float(np.abs(q - e).max(initial=0)), float(np.abs(e).max(initial=0)),
                      float(np.abs(f).max(initial=0)))
 
 

@@ -403,7 +403,7 @@ class CalibrationPass(PassBase):
                         recording.append(first)  # a value onnxruntime cannot give: the executor runs this batch
                     kept = sorted(range_bytes) if first_batches > 1 and range_bytes and \
                         sum(range_bytes.values()) * samples_in(batch) <= RANGE_KEEP_BYTES * samples_in(
-                            qgraph.validation_batches[0]) and torch.get_num_threads() == 1 else []
+                            qgraph.validation_batches[0]) else []  # (range_bytes: filled on one thread only)
                     start = time.perf_counter()
                     outputs = ex.run(batch, outputs=[*output_names, *kept]) if kept else ex.run(batch)
                     if tail is None:  # (a cut batch's time would understate the batches')
