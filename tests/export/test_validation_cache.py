@@ -105,3 +105,102 @@ def test_validation_keeps_exactly_its_samples_of_large_batches(monkeypatch) -> N
     static = netquant.quantize_onnx(conv_net(batch=16), calib_batches((16, 3, 16, 16), n=3), quiet=True,
                                     objective=None)
     assert [samples_in(b) for b in static.qgraph.validation_batches] == [16, 16]  # a static batch dim: whole
+
+
+def _batch1(threads: int) -> netquant.QuantizedModel:
+    return netquant.quantize_onnx(conv_relu_gemm(), calib_batches((1, 3, 8, 8), n=5), quiet=True, threads=threads)
+
+
+def test_the_budget_fp32_reference_is_calibrations_first_batch_bit_for_bit() -> None:
+    """On one torch thread calibration keeps its FP32 run of the first batch (graph outputs and the loss's compared
+    tensors); the budget's LossMeter takes it instead of running that batch again, bit for bit the same reference."""
+    from netquant.analysis.sensitivity import LossMeter, compared_tensors
+    from netquant.passes.calibration import graph_state
+    from netquant.platforms.threads import thread_scope
+
+    q = _batch1(1).qgraph
+    ref = q.reference_run
+    assert ref is not None and set(compared_tensors(q)) <= ref.tensors.keys()
+    with torch.no_grad():
+        fresh = q.executor(fake_quant=False).run(q.validation_batches[0], outputs=compared_tensors(q))
+    assert all(torch.equal(ref.tensors[k], fresh[k]) for k in fresh)
+    with thread_scope(1):
+        meter = LossMeter(q, [q.validation_batches[0]])
+        assert meter._calibration_reference() is not None  # taken, not run again
+    assert torch.equal(meter.reference["y"], fresh["y"].reshape(-1).float())
+    assert ref.serves(q.graph, q.validation_batches[0], graph_state(q.graph))
+    assert not ref.serves(q.graph, q.validation_batches[1], graph_state(q.graph))  # another batch
+    q.graph.initializers["W"].mul_(2)  # an edit after calibration: another graph state
+    assert not ref.serves(q.graph, q.validation_batches[0], graph_state(q.graph))
+    assert _batch1(2).qgraph.reference_run is None  # two torch threads: not the budget's one-thread sums
+
+
+def test_placement_onnxruntime_runs_are_kept_and_reused_bit_for_bit(tmp_path: Path, monkeypatch) -> None:
+    """Placement's warm-up runs of the files it times (the source FP32 model, the INT8 files) are kept, each
+    onnxruntime's own outputs; export validation takes such a run for the batch it ran on where it runs that very
+    model object with the same threads: one onnxruntime run fewer, the same report and bytes as running it again."""
+    import netquant.export.validate as validate
+    from netquant.analysis.profile import cpu_session
+    from netquant.export.onnx_qdq import build_qdq_model, quant_state
+    from netquant.passes.quant_graph import EngineRun, FP32Session, WholeModelTiming
+    from tests.helpers.export_models import conv_net
+
+    data = calib_batches((1, 3, 16, 16), n=5)
+    placed = netquant.quantize_onnx(conv_net(channels=64), data, quiet=True, threads=1)
+    assert placed.placement is not None and "source_fp32_wall_ms" in placed.placement.measured  # it timed files
+    assert len(placed.qgraph.engine_runs) >= 2
+    for run in placed.qgraph.engine_runs:
+        again = cpu_session(run.model, run.threads).run(None, run.feeds)
+        assert len(again) == len(run.outputs) and all(np.array_equal(a, b) for a, b in zip(again, run.outputs))
+
+    qm = netquant.quantize_onnx(conv_net(channels=64), data, quiet=True, threads=1, objective=None)
+    q = qm.qgraph
+    model = build_qdq_model(q, share=True)[0]  # what placement times and export then writes: one object
+    feeds = validation_feeds(q)[0]
+    q.keep_engine_run(EngineRun(model, feeds, 1, cpu_session(model, 1).run(None, feeds)))
+    source = _CountingSession(cpu_session(q.fp32_source, 1))
+    q.fp32_session = FP32Session(q.fp32_source, 1, source)  # as placement leaves it
+    q.keep_engine_run(EngineRun(q.fp32_source, feeds, 1, source.session.run(None, feeds)))
+    q.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (1, 3, 16, 16)}, 1, quant_state(q))  # no timing runs
+    runs = []
+    real = validate._run_ort
+    monkeypatch.setattr(validate, "_run_ort", lambda sess, feeds, where: runs.append(1) or real(sess, feeds, where))
+    reused = export_qdq(qm, tmp_path / "a.onnx", check_kernels=False)
+    assert len(runs) == reused.validation_batches - 1 == 2  # batch 0 from the kept run
+    assert reused.vs_fp32 is not None and reused.vs_fp32.reference == "the source FP32 model in onnxruntime"
+    assert source.runs == 2  # batches 1 and 2; batch 0 from the kept run
+    source.runs = 0
+    q.engine_runs = []
+    runs.clear()
+    fresh = export_qdq(qm, tmp_path / "b.onnx", check_kernels=False)
+    assert len(runs) == fresh.validation_batches == 3
+    assert source.runs == 3
+    assert reused.output_cosine == fresh.output_cosine and reused.output_max_abs_diff == fresh.output_max_abs_diff
+    assert reused.vs_fp32 is not None and fresh.vs_fp32 is not None
+    assert [o.cosine for o in reused.vs_fp32.outputs] == [o.cosine for o in fresh.vs_fp32.outputs]
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+    other = EngineRun(model, feeds, 2, [])
+    assert not other.matches(model, feeds, 1) and not other.matches(onnx_copy(model), feeds, 2)
+    assert not other.matches(model, validation_feeds(q)[1], 2)
+
+
+def onnx_copy(model):
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+class _CountingSession:
+    """An onnxruntime session that counts its runs."""
+
+    def __init__(self, session) -> None:
+        self.session, self.runs = session, 0
+
+    def run(self, *args, **kwargs):
+        self.runs += 1
+        return self.session.run(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self.session, name)

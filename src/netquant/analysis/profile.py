@@ -128,26 +128,28 @@ def cpu_session(model: onnx.ModelProto, threads: int = 1) -> Any:
 def wall_clock_ms(models: Sequence[onnx.ModelProto], feeds: Mapping[str, np.ndarray], *, rounds: int = 5,
                   runs: int = 8, threads: int = 1, budget_s: float | None = None, min_rounds: int = 3,
                   settled: Callable[[list[float]], bool] | None = None,
-                  sessions: Sequence[Any | None] | None = None) -> list[float]:
+                  sessions: Sequence[Any | None] | None = None,
+                  first_outputs: list[list[Any]] | None = None) -> list[float]:
     """Median wall-clock ms of one run of each model in onnxruntime (CPU, all optimizations, no profiler), the models
     interleaved round by round so that machine load hits them alike (analysis.timing.interleaved_ms).
     budget_s: fewer runs per round (down to 1), then fewer rounds (down to min_rounds), where `rounds` x `runs` of
     every model would take longer, going by the warm-up runs (a large model's single runs vary less).
     settled: stop after `min_rounds` once settled(the medians so far) holds (interleaved_ms).
-    sessions: per model, a session built already (cpu_session with the same `threads`) or None (built here)."""
+    sessions: per model, a session built already (cpu_session with the same `threads`) or None (built here).
+    first_outputs: filled with each model's outputs of its warm-up run (one list per model)."""
     given = list(sessions) if sessions is not None else [None] * len(models)
     built = [g if g is not None else cpu_session(m, threads) for m, g in zip(models, given, strict=True)]
     feed = {k: np.ascontiguousarray(v) for k, v in feeds.items()}
     calls = [functools.partial(sess.run, None, feed) for sess in built]
+    start = time.perf_counter()
+    warm = [call() for call in calls]  # the warm-up runs, timed together
+    one_round_s = time.perf_counter() - start
+    if first_outputs is not None:
+        first_outputs.extend(list(w) for w in warm)
     if budget_s is not None:
-        start = time.perf_counter()
-        for call in calls:  # the warm-up runs, timed together
-            call()
-        one_round_s = time.perf_counter() - start
         runs = max(1, min(runs, int(budget_s / max(rounds * one_round_s, 1e-9))))
         rounds = max(min(rounds, min_rounds), min(rounds, int(budget_s / max(one_round_s, 1e-9))))
-    return interleaved_ms(calls, per_round=runs, rounds=rounds, warmup=0 if budget_s is not None else 1,
-                          settled=settled, min_rounds=min_rounds)
+    return interleaved_ms(calls, per_round=runs, rounds=rounds, warmup=0, settled=settled, min_rounds=min_rounds)
 
 
 @dataclass

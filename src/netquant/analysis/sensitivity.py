@@ -22,6 +22,7 @@ import torch
 from netquant.analysis.regions import Region, keep_float
 from netquant.graph import Executor
 from netquant.passes.quant_graph import QuantizedGraph
+from netquant.passes.quant_graph import compared_tensors as graph_compared_tensors
 
 Metric = Callable[[dict[str, torch.Tensor], Any], float]
 
@@ -49,20 +50,9 @@ def cosine_loss(ref: dict[str, torch.Tensor], test: dict[str, torch.Tensor]) -> 
     return float(sum(losses) / max(len(losses), 1))
 
 
-_NORMALIZERS = ("Softmax", "LogSoftmax", "Sigmoid")
-
-
 def compared_tensors(qgraph: QuantizedGraph) -> list[str]:
-    """The tensors the default loss compares: each graph output, or the input of the Softmax / LogSoftmax / Sigmoid
-    that produces it (the logits: the cosine of probabilities depends on the model's confidence, near one-hot rows
-    hide a logit error; measured on PP-OCRv4 rec with fp8_e4m3, the probability-cosine budget chose a placement at
-    80.5% exact lines (all INT8 91%), the logit-cosine budget one at 95.5% (FP32 97.5%))."""
-    producer = {o: n for n in qgraph.graph.nodes for o in n.outputs if o}
-    out = []
-    for v in qgraph.graph.outputs:
-        node = producer.get(v.name)
-        out.append(node.inputs[0] if node is not None and node.op_type in _NORMALIZERS and node.inputs else v.name)
-    return list(dict.fromkeys(out))
+    """passes.quant_graph.compared_tensors of the quantized graph's graph."""
+    return graph_compared_tensors(qgraph.graph)
 
 
 class LossMeter:
@@ -83,13 +73,29 @@ class LossMeter:
         self.compared = compared_tensors(qgraph)
         with torch.no_grad():
             if metric is None:
-                self.reference = self._concat([self.executor.run(b, outputs=self.compared) for b in self.data])
+                kept = self._calibration_reference()
+                self.reference = self._concat([kept] if kept is not None else
+                                              [self.executor.run(b, outputs=self.compared) for b in self.data])
                 self.reference_score = 0.0
             else:
                 self.reference_score = self._score([self.executor.run(b) for b, _ in self.data])
 
     def _plan(self, on: bool) -> None:
         self.hooks.plan(on)
+
+    def _calibration_reference(self) -> dict[str, torch.Tensor] | None:
+        """The compared tensors of calibration's FP32 run of the meter's one batch (QuantizedGraph.reference_run), where
+        the executor here would compute them to the bit: the same batch and graph state, one torch thread, and FP32
+        weights and biases as calibration ran them (no bias correction, no re-rounded weights); else None."""
+        from netquant.passes.calibration import graph_state
+
+        q, ref = self.qgraph, self.qgraph.reference_run
+        if ref is None or len(self.data) != 1 or torch.get_num_threads() != 1 or q.bias_corrections or \
+                q.rounded_weights or not isinstance(self.data[0], dict):
+            return None
+        if not ref.serves(q.graph, self.data[0], graph_state(q.graph)):
+            return None
+        return {k: ref.tensors[k] for k in self.compared}
 
     def _names(self, i: int, regions: list[Region]) -> list[str]:
         """The compared tensors, and on the all-INT8 run of the first batch the graph outputs too (_keep)."""

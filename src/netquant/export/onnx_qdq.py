@@ -7,6 +7,7 @@ import tempfile
 import time
 import weakref
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,7 @@ from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.heap import long_lived_frozen
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
-from netquant.platforms.threads import thread_scope
+from netquant.platforms.threads import scoped_threads, thread_scope
 
 
 @dataclass
@@ -381,7 +382,9 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
                     sess = _ort_session(model, tmp, where, optimized=in_engine, save_optimized=saved)
                     try:
                         agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
-                                                          max_error_ratio, record=record)
+                                                          max_error_ratio, record=record,
+                                                          engine_runs=_placement_runs(qgraph, model, batches,
+                                                                                      in_engine))
                     except ExportError:
                         check_upgrade(qgraph, batches[0])
                         raise
@@ -413,6 +416,16 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
         int8_layers=ov_check.int8_layers if ov_check is not None else None,
         heavy_layers=ov_check.heavy if ov_check is not None else None,
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start, vs_fp32=vs_fp32)
+
+
+def _placement_runs(qgraph: QuantizedGraph, model: onnx.ModelProto, batches: Sequence[dict[str, Any]],
+                    in_engine: bool) -> dict[int, list[Any]]:
+    """Batch index -> placement's onnxruntime outputs of this very model object on that batch, in a session of the
+    threads the validation session gets (QuantizedGraph.engine_outputs; optimized sessions only)."""
+    if not in_engine or not batches:
+        return {}
+    got = qgraph.engine_outputs(model, batches[0], scoped_threads())
+    return {0: got} if got is not None else {}
 
 
 ORT_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft", "com.microsoft.nchwc", "com.ms.internal.nhwc",

@@ -192,11 +192,13 @@ def placement_fake_quant(qgraph: QuantizedGraph, feeds: Mapping[str, np.ndarray]
 def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str,
                           min_cosine: float, accumulation: Accumulation = Accumulation.EXACT,
                           max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
-                          record: dict[str, list[np.ndarray]] | None = None) -> dict[str, Agreement]:
+                          record: dict[str, list[np.ndarray]] | None = None,
+                          engine_runs: Mapping[int, list[np.ndarray]] | None = None) -> dict[str, Agreement]:
     """Every float output over all `batches`: onnxruntime vs the executor's fake-quant run (int8 kernels summing
     as `accumulation`, i.e. this machine's onnxruntime) and vs FP32. ExportError unless every output is
     accepted (Agreement.accepted). record: filled with the engine's outputs, per output name one array per batch
-    (export.fidelity compares them with FP32)."""
+    (export.fidelity compares them with FP32). engine_runs: batch index -> `sess`'s outputs of that batch where
+    onnxruntime ran the same file on it already (placement's warm-up run: QuantizedGraph.engine_outputs)."""
     runs: dict[str, dict[str, list[np.ndarray]]] = {}
     fq_ex = qgraph.executor(fake_quant=True, accumulation=accumulation)
     cached = calibration_fp32(qgraph, batches)
@@ -204,7 +206,8 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     fp_ex = qgraph.executor(fake_quant=False) if cached is None else None
     names = [m.name for m in sess.get_outputs()]
     for i, feeds in enumerate(batches):
-        got = _run_ort(sess, feeds, where)
+        known = engine_runs.get(i) if engine_runs else None
+        got = known if known is not None else _run_ort(sess, feeds, where)
         torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
         with torch.no_grad():
             fq = reused if i == 0 and reused is not None else fq_ex.run(torch_feeds)

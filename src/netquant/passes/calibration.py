@@ -67,7 +67,7 @@ from netquant.passes.distributed import (
 from netquant.passes.flat_ranges import FlatRanges, clip_bounds
 from netquant.passes.matmul_ranges import range_tensor_candidates
 from netquant.passes.observers import make_observer
-from netquant.passes.quant_graph import CalibrationCounts
+from netquant.passes.quant_graph import CalibrationCounts, ReferenceRun, compared_tensors
 from netquant.passes.quantizer import GraphIndex
 from netquant.passes.value_floors import value_floors
 from netquant.platforms.threads import sample_workers
@@ -404,6 +404,11 @@ class CalibrationPass(PassBase):
                     kept = sorted(range_bytes) if first_batches > 1 and range_bytes and \
                         sum(range_bytes.values()) * samples_in(batch) <= RANGE_KEEP_BYTES * samples_in(
                             qgraph.validation_batches[0]) else []  # (range_bytes: filled on one thread only)
+                    if first_batches == 1 and keep_outputs and torch.get_num_threads() == 1:  # the budget's reference
+                        kept = [t for t in compared_tensors(graph) if t not in output_names]
+                        reference = True
+                    else:
+                        reference = False
                     start = time.perf_counter()
                     outputs = ex.run(batch, outputs=[*output_names, *kept]) if kept else ex.run(batch)
                     if tail is None:  # (a cut batch's time would understate the batches')
@@ -411,7 +416,10 @@ class CalibrationPass(PassBase):
                     else:
                         self._observe_only(ex, tail, probing, recording)
                         stats.executor_runs += 1
-                    if kept:
+                    if reference:
+                        qgraph.reference_run = ReferenceRun(graph_state(graph), dict(batch), dict(outputs))
+                        outputs = {n: outputs[n] for n in output_names}
+                    elif kept:
                         qgraph.range_tensors[first_batches - 1] = {n: outputs[n] for n in kept}
                         outputs = {n: outputs[n] for n in output_names}
                     stats.executor_runs += 1

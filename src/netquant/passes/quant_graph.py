@@ -176,6 +176,65 @@ class FP32Session:
 
 
 @dataclass(frozen=True)
+class EngineRun:
+    """The outputs (in the session's output order) of one onnxruntime run of `model` (the ModelProto object itself, held
+    here) on `feeds`, in a session of `threads` intra-op threads with every graph optimization: placement's warm-up run
+    of a file it times. Export validation takes them for a batch equal to `feeds` where it runs that very model object
+    in a session of the same threads (the same bytes, optimizations and threads give onnxruntime's same outputs)."""
+
+    model: Any
+    feeds: dict[str, Any]
+    threads: int
+    outputs: list[Any]
+
+    def matches(self, model: Any, feeds: Mapping[str, Any], threads: int | None) -> bool:
+        import numpy as np
+
+        return (self.model is model and self.threads == threads and feeds.keys() == self.feeds.keys()
+                and all(np.array_equal(np.asarray(feeds[k]), self.feeds[k]) for k in feeds))
+
+
+LOSS_NORMALIZERS = ("Softmax", "LogSoftmax", "Sigmoid")
+
+
+def compared_tensors(graph: Graph) -> list[str]:
+    """The tensors the default loss compares: each graph output, or the input of the Softmax / LogSoftmax / Sigmoid
+    that produces it (the logits: the cosine of probabilities depends on the model's confidence, near one-hot rows
+    hide a logit error; measured on PP-OCRv4 rec with fp8_e4m3, the probability-cosine budget chose a placement at
+    80.5% exact lines (all INT8 91%), the logit-cosine budget one at 95.5% (FP32 97.5%))."""
+    producer = {o: n for n in graph.nodes for o in n.outputs if o}
+    out = []
+    for v in graph.outputs:
+        node = producer.get(v.name)
+        out.append(node.inputs[0] if node is not None and node.op_type in LOSS_NORMALIZERS and node.inputs else v.name)
+    return list(dict.fromkeys(out))
+
+
+@dataclass(frozen=True)
+class ReferenceRun:
+    """FP32 executor values of calibration's first batch `inputs` (`tensors`: the graph outputs and compared_tensors),
+    run on one torch thread in graph state `state` (passes.calibration.graph_state): the placement budget's FP32
+    reference where its data is that very batch (analysis.sensitivity.LossMeter), not computed again there."""
+
+    state: tuple[Any, ...]
+    inputs: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+    def serves(self, graph: Graph, inputs: Mapping[str, Any], state: tuple[Any, ...]) -> bool:
+        """The run is of these inputs (equal tensors) in this graph state, and holds every compared tensor."""
+        if state != self.state or inputs.keys() != self.inputs.keys():
+            return False
+        if not set(compared_tensors(graph)) <= self.tensors.keys():
+            return False
+        return all(isinstance(inputs[k], torch.Tensor) and isinstance(self.inputs[k], torch.Tensor)
+                   and inputs[k].shape == self.inputs[k].shape and torch.equal(inputs[k], self.inputs[k])
+                   for k in inputs)
+
+
+ENGINE_RUNS_KEPT = 4  # placement's latest engine runs kept per quantized graph (the source and the files it timed last)
+
+
+@dataclass(frozen=True)
 class FakeQuantRun:
     """The graph outputs of one fake-quant executor run (exact accumulation) on `inputs`, in the quant state `state`
     (export.onnx_qdq.quant_state): placement's all-INT8 loss run, reused by export validation for the same batch."""
@@ -232,6 +291,8 @@ class QuantizedGraph:
         self.timed_shapes: dict[str, tuple[int, ...]] | None = None
         self.fp32_session: FP32Session | None = None  # placement's session of the source (export.fidelity reuses it)
         self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
+        self.reference_run: ReferenceRun | None = None  # calibration's first batch in FP32 (the budget's reference)
+        self.engine_runs: list[EngineRun] = []  # placement's warm-up runs in onnxruntime (export validation reuses)
 
     @property
     def graph(self) -> Graph:
@@ -275,6 +336,16 @@ class QuantizedGraph:
         return oc.outputs[producer.outputs.index(tensor)]
 
     # ---- running ---------------------------------------------------------------------------
+    def keep_engine_run(self, run: EngineRun) -> None:
+        """Record placement's onnxruntime run (the ENGINE_RUNS_KEPT latest are kept)."""
+        self.engine_runs = [r for r in self.engine_runs if not (r.model is run.model and r.threads == run.threads)]
+        self.engine_runs = [*self.engine_runs, run][-ENGINE_RUNS_KEPT:]
+
+    def engine_outputs(self, model: Any, feeds: Mapping[str, Any], threads: int | None) -> list[Any] | None:
+        """The outputs of a kept EngineRun of this very `model` object on `feeds` with `threads` (EngineRun.matches);
+        None when there is none."""
+        return next((r.outputs for r in self.engine_runs if r.matches(model, feeds, threads)), None)
+
     def executor(self, fake_quant: bool = True, device: str | torch.device = "cpu",
                  accumulation: Accumulation = Accumulation.EXACT) -> Executor:
         """An Executor over the graph; with fake_quant, every emitting config fake-quantizes its tensor, and

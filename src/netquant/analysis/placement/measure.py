@@ -34,7 +34,7 @@ from netquant.analysis.profile import (
 )
 from netquant.analysis.regions import find_regions, keep_float
 from netquant.export.ort_kernels import INT8_KERNEL_OPS
-from netquant.passes.quant_graph import FP32Session, QuantizedGraph
+from netquant.passes.quant_graph import EngineRun, FP32Session, QuantizedGraph
 from netquant.passes.settings import QuantSettings
 
 
@@ -99,8 +99,13 @@ class SearchState:
         try:
             sessions = [self.session_of(m) if source is not None and m is source else None for m in models]
             budget = min(WALL_BUDGET_S, max(0.0, self.deadline - time.perf_counter()))
-            return wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=budget,
-                                 settled=settled, threads=WALL_THREADS, sessions=sessions)
+            first: list[list[Any]] = []
+            ms = wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=budget,
+                               settled=settled, threads=WALL_THREADS, sessions=sessions, first_outputs=first)
+            feeds = {k: np.ascontiguousarray(v) for k, v in (self.feeds or {}).items()}
+            for model, outputs in zip(models, first, strict=True):
+                self.qgraph.keep_engine_run(EngineRun(model, feeds, WALL_THREADS, outputs))
+            return ms
         finally:
             self.profile_s += time.perf_counter() - t
 
