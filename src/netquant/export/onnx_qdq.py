@@ -24,6 +24,7 @@ from netquant.export.fidelity import (
     check_vs_fp32,
     compare_with_fp32,
 )
+from netquant.export.layer_norm_apart import keep_layer_norms_apart
 from netquant.export.opset import (
     ai_onnx_opset,
     check_opset_request,
@@ -60,6 +61,7 @@ from netquant.export.validate import (
 )
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.heap import long_lived_frozen
+from netquant.platforms.ort_probes import skip_layer_norm_probe
 from netquant.platforms.platform import Validation
 from netquant.platforms.targets import host_accumulation
 from netquant.platforms.threads import scoped_threads, thread_scope
@@ -292,6 +294,7 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
         rewritten = embed_layer_norm_rows(model) > 0 or rewritten  # before gather_int8_rows: it makes Gathers
         rewritten = gather_int8_rows(model) > 0 or rewritten
         rewritten = q_attention(model) > 0 or rewritten
+        rewritten = keep_layer_norms_apart(model, _fused_skip_layer_norm_slower) > 0 or rewritten
         drop_zero_weight_zero_points(model, rank_of)
     strip_node_metadata(model)  # exporters' per-node annotations: no engine reads them (export.slim)
     share_equal_initializers(model)  # e.g. the zero biases of fresh layers, once each
@@ -416,6 +419,11 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
         int8_layers=ov_check.int8_layers if ov_check is not None else None,
         heavy_layers=ov_check.heavy if ov_check is not None else None,
         warnings=list(builder.stats.warnings), seconds=time.perf_counter() - start, vs_fp32=vs_fp32)
+
+
+def _fused_skip_layer_norm_slower(hidden: int) -> bool:
+    """onnxruntime's SkipLayerNormalization measured slower here than Add + LayerNormalization (platforms.ort_probes)."""
+    return skip_layer_norm_probe(hidden).fused_slower
 
 
 def _placement_runs(qgraph: QuantizedGraph, model: onnx.ModelProto, batches: Sequence[dict[str, Any]],
