@@ -204,3 +204,28 @@ class _CountingSession:
 
     def __getattr__(self, name):
         return getattr(self.session, name)
+
+
+def test_placement_source_session_of_other_threads_serves_outputs_not_timings(tmp_path: Path) -> None:
+    """With two threads, export reads the FP32 outputs from placement's one-thread session of the source where it
+    reuses placement's timing too (no session built for values the thread count does not change); where export times
+    the two files itself, it builds a session with its own threads."""
+    from netquant.analysis.profile import cpu_session
+    from netquant.export.fidelity import fp32_reference
+    from netquant.export.onnx_qdq import quant_state
+    from netquant.passes.quant_graph import FP32Session, WholeModelTiming
+    from netquant.platforms.threads import thread_scope
+    from tests.helpers.export_models import conv_net
+
+    qm = netquant.quantize_onnx(conv_net(channels=64), calib_batches((1, 3, 16, 16), n=5), quiet=True, threads=2,
+                                objective=None)
+    q = qm.qgraph
+    source = _CountingSession(cpu_session(q.fp32_source, 1))
+    q.fp32_session = FP32Session(q.fp32_source, 1, source)
+    q.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (1, 3, 16, 16)}, 1, quant_state(q))
+    report = export_qdq(qm, tmp_path / "a.onnx", check_kernels=False)
+    assert report.vs_fp32 is not None and report.vs_fp32.timed_by == "placement"
+    assert report.vs_fp32.reference == "the source FP32 model in onnxruntime" and source.runs == 3
+    with thread_scope(2):
+        assert fp32_reference(q, timed=False)[0] is source
+        assert fp32_reference(q, timed=True)[0] is not source  # timings need the scope's two threads

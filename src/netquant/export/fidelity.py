@@ -199,24 +199,26 @@ def _cleaned_fp32(qgraph: QuantizedGraph) -> onnx.ModelProto:
     return model
 
 
-def fp32_reference(qgraph: QuantizedGraph, source: bool = True) -> tuple[Any, str]:
+def fp32_reference(qgraph: QuantizedGraph, source: bool = True, timed: bool = True) -> tuple[Any, str]:
     """(onnxruntime session, what it is) of the FP32 model: the user's source model (QuantizedGraph.fp32_source) where
     it loads in onnxruntime and `source`, else the cleaned-up graph with its FP32 biases. Memoised per quantized
     graph; placement's session of the source (QuantizedGraph.fp32_session) is reused where it is for that model
-    object with the threads ort_session would give it (the thread_scope's)."""
+    object and either has the threads ort_session would give it (the thread_scope's) or the session is not `timed`
+    (its outputs only are read: the thread count changes their speed, not their values)."""
     from netquant.export.validate import ort_session
     from netquant.passes.calibration import graph_state
     from netquant.platforms.threads import scoped_threads
 
     model = getattr(qgraph, "fp32_source", None) if source else None
-    key = (graph_state(qgraph.graph), id(model))
+    key = (graph_state(qgraph.graph), id(model), scoped_threads() if timed else None)
     ref = _REFERENCES.get(qgraph)
-    if ref is not None and ref.key == key:
+    if ref is not None and ref.key[:2] == key[:2] and (not timed or ref.key == key):
         return ref.session, ref.label
     session, label = None, ""
     held = getattr(qgraph, "fp32_session", None)
-    if model is not None and held is not None and held.model is model and held.threads == scoped_threads():
-        session, label = held.session, "the source FP32 model"  # placement's session: the same model and threads
+    if model is not None and held is not None and held.model is model and \
+            (held.threads == scoped_threads() or not timed):
+        session, label = held.session, "the source FP32 model"  # placement's session of the same model
     elif model is not None:
         try:
             session, label = ort_session(model.SerializeToString(), "FP32 source model"), "the source FP32 model"
@@ -260,7 +262,11 @@ def compare_with_fp32(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Seque
 def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.ndarray]],
              batches: Sequence[Mapping[str, np.ndarray]], engine: str, sample_given: bool, int8_session: Any,
              source: bool) -> EngineComparison:
-    sess, label = fp32_reference(qgraph, source)
+    timing_feeds = _timing_feeds(qgraph, batches[0]) if int8_session is not None and batches else {}
+    reused = _placement_timing(qgraph, timing_feeds) if timing_feeds and source else None
+    sess, label = fp32_reference(qgraph, source, timed=int8_session is not None and reused is None)
+    if not label.startswith("the source"):
+        reused = None  # placement timed the source model, not this one
     names = [o.name for o in sess.get_outputs()]
     wanted = {i.name for i in sess.get_inputs()}
     feeds = [{k: v for k, v in b.items() if k in wanted} for b in batches]
@@ -281,9 +287,6 @@ def _compare(qgraph: QuantizedGraph, engine_outputs: Mapping[str, Sequence[np.nd
     got: dict[int, list[np.ndarray]] = {}
     t8: list[float] = []
     t32: list[float] = []
-    timing_feeds = _timing_feeds(qgraph, batches[0]) if int8_session is not None and batches else {}
-    reused = _placement_timing(qgraph, timing_feeds) if timing_feeds and source and \
-        label.startswith("the source") else None
     cut = any(np.shape(v) != np.shape(batches[0][k]) for k, v in timing_feeds.items())
     if timing_feeds and reused is None and cut:  # placement's shapes: both files timed there, apart from the
         # comparison's runs on the whole batches
