@@ -97,7 +97,7 @@ def netquant_default(case: Case, out: Path) -> str:
         return ""
     s = p.summary()
     return (f"placement: {s['int8_regions']} int8 (static), {s['dynamic_regions']} dynamic, {s['float_regions']} "
-            "float regions")
+            "float regions" + (f", {s['weight_only_regions']} weight-only" if s.get("weight_only_regions") else ""))
 
 
 def ort_dynamic(reduce_range: bool) -> Callable[[Case, Path], str]:

@@ -38,6 +38,25 @@ def test_keep_float_equals_force_fp32_and_undoes_exactly():
     assert torch.equal(qm.run(x)["c2"], before)
 
 
+def test_weight_only_keeps_the_weights_quantized_and_the_rest_float():
+    """keep_float(weights=False): the region's weight config keeps its state (the fake-quant run uses int8 weights),
+    its activations and biases go float; the outputs lie between all-INT8's and float's; undo restores."""
+    qm = _quantize()
+    x = {"x": torch.from_numpy(stack_batches(1, seed=7)[0])}
+    before = qm.run(x)["c2"]
+    regions = {r.anchor: r for r in find_regions(qm.qgraph)}
+    oc = qm.qgraph.op_configs["conv1"]
+    weight_state = oc.weight_config().state
+    with keep_float(qm.qgraph, [regions["conv1"]], weights=False):
+        assert oc.weight_config().state is weight_state and weight_state is not QuantState.FP32
+        assert all(c.state in (QuantState.FP32, QuantState.SOI) for c in oc.configs() if c is not oc.weight_config())
+        weight_only = qm.run(x)["c2"]
+        with keep_float(qm.qgraph, [regions["conv1"]]):
+            floated = qm.run(x)["c2"]
+    assert not torch.equal(weight_only, before) and not torch.equal(weight_only, floated)
+    assert torch.equal(qm.run(x)["c2"], before) and oc.weight_config().state is weight_state
+
+
 def test_keep_float_export_and_onnxruntime_requantizing_a_sandwiched_conv(tmp_path):
     """Export follows keep_float; onnxruntime's WeightBiasQuantization still runs a float Conv that has a Dequantize
     before and a Quantize after it as QLinearConv (its own per-tensor weights): placement must see that."""

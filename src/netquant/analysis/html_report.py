@@ -322,7 +322,7 @@ def placement_section(summary: Mapping[str, Any]) -> str:
     head = facts([("objective", p.get("objective")), ("max loss", p.get("max_loss")),
                   ("loss metric", p.get("loss_metric")),
                   ("regions", f"{p.get('int8_regions', 0)} INT8, {p.get('wider_regions', 0)} wider, "
-                              f"{p.get('float_regions', 0)} float"),
+                              f"{p.get('float_regions', 0)} float, {p.get('weight_only_regions', 0)} weight-only"),
                   *((f"host {k}", v) for k, v in (p.get("host") or {}).items()), ("note", p.get("note") or "-")])
     regions = p.get("regions") or []
     wider = any(r.get("wider_gain") is not None or r.get("decision") == "wider" for r in regions)

@@ -80,8 +80,9 @@ class FloatEdit:
         self.undo()
 
 
-def keep_float(qgraph: QuantizedGraph, regions: Iterable[Region]) -> FloatEdit:
-    """Keep `regions` in float (see module docstring); returns the edit (a context manager that undoes it)."""
+def keep_float(qgraph: QuantizedGraph, regions: Iterable[Region], weights: bool = True) -> FloatEdit:
+    """Keep `regions` in float (see module docstring); returns the edit (a context manager that undoes it).
+    weights=False: weight-only, the regions' activations, outputs and biases float, their weights still quantized."""
     edit = FloatEdit()
     ops = {op for r in regions for op in r.ops}
     unknown = sorted(ops - set(qgraph.op_configs))
@@ -89,7 +90,11 @@ def keep_float(qgraph: QuantizedGraph, regions: Iterable[Region]) -> FloatEdit:
         raise ConfigError(f"regions name op(s) not in graph '{qgraph.graph.name}': {', '.join(unknown[:5])}")
     floated: set[int] = set()
     for name in ops:
-        for cfg in qgraph.op_configs[name].configs():
+        oc = qgraph.op_configs[name]
+        kept = oc.weight_config() if not weights else None
+        for cfg in oc.configs():
+            if cfg is kept:
+                continue
             if cfg.state is not QuantState.FP32 and cfg.state is not QuantState.SOI:
                 edit.saved.append((cfg, cfg.state))
                 cfg.state = QuantState.FP32

@@ -8,6 +8,7 @@ from netquant.analysis.placement import (
     FLOAT,
     INT8,
     MIN_WEIGHTS,
+    WEIGHT_ONLY,
     WIDER,
     WIDER_SHARE,
     Placement,
@@ -22,6 +23,6 @@ from netquant.analysis.placement import (
     timed,
 )
 
-__all__ = ["DECISIONS", "DEFAULT_MAX_LOSS", "DYNAMIC", "FLOAT", "INT8", "MIN_WEIGHTS", "WIDER", "WIDER_SHARE", "Placement",
+__all__ = ["DECISIONS", "DEFAULT_MAX_LOSS", "DYNAMIC", "FLOAT", "INT8", "MIN_WEIGHTS", "WEIGHT_ONLY", "WIDER", "WIDER_SHARE", "Placement",
            "Reason", "RegionDecision", "applies", "apply_placement_file", "batch_axis", "model_hash", "place",
            "search_placement", "timed"]

@@ -1,6 +1,6 @@
 """Edge floats (analysis.placement.edges): a ViT-like encoder's patch embedding, a small share of the weights that
-reads the pixels, stays float where the budget measures a large loss saving; onnxruntime confirms the lower error;
-the decision is recorded and deterministic."""
+reads the pixels, stays float (or weight-only: activations float, weights int8) where the budget measures a large loss
+saving; onnxruntime confirms the lower error; the decision is recorded, deterministic and re-applied from its file."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import netquant
-from netquant.analysis.placement import FLOAT, Reason
+from netquant.analysis.placement import FLOAT, WEIGHT_ONLY, Reason
+from netquant.analysis.placement.constants import WEIGHT_ONLY_SHARE
 from netquant.analysis.placement.edges import edge_candidates
 from netquant.analysis.regions import find_regions
 
@@ -93,17 +94,53 @@ def test_patch_embedding_is_the_only_edge_candidate(placed):
     assert 0 < candidates["patch"] <= 0.02  # 3 x 16 x 96 of the 4 x 2 x 96 x 384 MatMul weights
 
 
-def test_edge_float_lowers_the_error_in_onnxruntime(placed):
+def test_edge_weight_only_lowers_the_error_in_onnxruntime_and_keeps_int8_weights(placed):
+    """The patch embedding's activations float and its weights int8 keep most of what floating it saves: the file
+    holds its weights int8 behind a DequantizeLinear, reading the pixels unquantized."""
     model, out, folder = placed
     p = out["placed"].placement
     patch = next(r for r in p.regions if r.anchor == "patch")
-    assert patch.decision == FLOAT and patch.reason == Reason.EDGE
+    assert patch.decision == WEIGHT_ONLY and patch.reason == Reason.EDGE_WEIGHT_ONLY
     edge = p.measured["edge_floats"]["patch"]
-    assert edge["loss_float"] <= 0.9 * edge["loss_all_int8"]
-    assert all(r.decision != FLOAT for r in p.regions if r.anchor != "patch")
+    base, lf, lw = edge["loss_all_int8"], edge["loss_float"], edge["loss_weight_only"]
+    assert edge["weight_only"] and lf <= 0.9 * base and base - lw >= WEIGHT_ONLY_SHARE * (base - lf)
+    assert all(r.decision not in (FLOAT, WEIGHT_ONLY) for r in p.regions if r.anchor != "patch")
+    assert p.summary()["weight_only_regions"] == 1
     x = pixels(8, 1000)  # held out
     rules, placed_loss = _loss(model, folder / "rules.onnx", x), _loss(model, folder / "placed.onnx", x)
-    assert placed_loss < 0.9 * rules  # the patch embedding float: the pixels' per-tensor error is gone
+    assert placed_loss < 0.9 * rules  # the pixels' per-tensor error is gone
+    g = onnx.load(str(folder / "placed.onnx")).graph
+    producer = {o: n for n in g.node for o in n.output}
+    conv = next(n for n in g.node if n.op_type == "Conv")
+    assert conv.input[0] == "pixels" and producer[conv.input[1]].op_type == "DequantizeLinear"
+    weight = next(t for t in g.initializer if t.name == producer[conv.input[1]].input[0])
+    assert weight.data_type == TensorProto.INT8 and list(weight.dims) == [C, 3, PATCH, PATCH]
+
+
+def test_edge_float_where_weight_only_keeps_too_little(monkeypatch, tmp_path):
+    """Where weight-only keeps less than WEIGHT_ONLY_SHARE of floating's saving, the edge is float (FP32 weights)."""
+    import netquant.analysis.placement.edges as edges
+
+    monkeypatch.setattr(edges, "WEIGHT_ONLY_SHARE", 1.01)  # never enough
+    q = netquant.quantize_onnx(vit_like(), [pixels(1, s) for s in range(8)], "onnxruntime_int8", quiet=True,
+                               matmul_ranges=False)
+    patch = next(r for r in q.placement.regions if r.anchor == "patch")
+    assert patch.decision == FLOAT and patch.reason == Reason.EDGE
+    assert not q.placement.measured["edge_floats"]["patch"]["weight_only"]
+    q.export(tmp_path / "f.onnx")
+    g = onnx.load(str(tmp_path / "f.onnx")).graph
+    conv = next(n for n in g.node if n.op_type == "Conv")
+    assert next(t for t in g.initializer if t.name == conv.input[1]).data_type == TensorProto.FLOAT
+
+
+def test_a_weight_only_placement_file_is_reapplied_to_the_same_bytes(placed, tmp_path):
+    model, out, folder = placed
+    out["placed"].placement.save(tmp_path / "p.json")
+    again = netquant.quantize_onnx(model, [pixels(1, s) for s in range(8)], "onnxruntime_int8", quiet=True,
+                                   matmul_ranges=False, placement_from=str(tmp_path / "p.json"))
+    assert next(r for r in again.placement.regions if r.anchor == "patch").decision == WEIGHT_ONLY
+    again.export(tmp_path / "again.onnx")
+    assert (tmp_path / "again.onnx").read_bytes() == (folder / "placed.onnx").read_bytes()
 
 
 def test_edge_floats_are_deterministic_and_saved(placed, tmp_path):
@@ -111,11 +148,11 @@ def test_edge_floats_are_deterministic_and_saved(placed, tmp_path):
     a, b = out["placed"].placement, out["again"].placement
     assert a.measured["edge_floats"] == b.measured["edge_floats"]
     # the float decisions (static or dynamic INT8 follows the timings: analysis.placement.dynamic)
-    assert [r.anchor for r in a.regions if r.decision == FLOAT] == [r.anchor for r in b.regions
-                                                                    if r.decision == FLOAT] == ["patch"]
+    assert [r.anchor for r in a.regions if r.decision == WEIGHT_ONLY] == [r.anchor for r in b.regions
+                                                                          if r.decision == WEIGHT_ONLY] == ["patch"]
     a.save(tmp_path / "p.json")
     text = (tmp_path / "p.json").read_text()
-    assert "edge_floats" in text and Reason.EDGE in text
+    assert "edge_floats" in text and Reason.EDGE_WEIGHT_ONLY in text
 
 
 def test_an_all_int8_loss_at_float_noise_tries_no_edge_and_measures_no_sensitivity() -> None:

@@ -51,6 +51,7 @@ from netquant.analysis.placement.records import (
            DYNAMIC,
            FLOAT,
            INT8,
+           WEIGHT_ONLY,
            WIDER,
            Placement,
            Reason,
@@ -59,6 +60,6 @@ from netquant.analysis.placement.records import (
 from netquant.analysis.placement.repair import Requantize, place_with_repair, try_repairs
 from netquant.analysis.placement.search import applies, place, search_placement, timed
 
-__all__ = ["DECISIONS", "DEFAULT_MAX_LOSS", "DYNAMIC", "FLOAT", "INT8", "MIN_WEIGHTS", "WIDER", "WIDER_SHARE", "AccuracyBudget",
+__all__ = ["DECISIONS", "DEFAULT_MAX_LOSS", "DYNAMIC", "FLOAT", "INT8", "MIN_WEIGHTS", "WEIGHT_ONLY", "WIDER", "WIDER_SHARE", "AccuracyBudget",
            "Placement", "Reason", "RegionDecision", "RepairTrial", "Requantize", "WideFactory", "applies", "apply_placement_file", "batch_axis",
            "model_hash", "place", "place_with_repair", "search_placement", "timed", "try_repairs"]

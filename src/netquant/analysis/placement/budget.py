@@ -11,6 +11,7 @@ from typing import Any
 from netquant.analysis.placement.constants import LOSS_NOISE, RANKED_REGIONS, SENSITIVITY_SAMPLES, WIDER_SHARE
 from netquant.analysis.placement.inputs import first_samples
 from netquant.analysis.placement.measure import SearchState
+from netquant.analysis.regions import keep_float
 from netquant.analysis.sensitivity import LossMeter, Sensitivity, region_output_nsr, region_sensitivity
 from netquant.analysis.wider import check_twin, widen
 from netquant.errors import ConfigError
@@ -126,6 +127,21 @@ class AccuracyBudget:
         if key not in self.loss_of:
             self.loss_of[key] = meter_loss(self.meter, [self.s.by_anchor[a] for a in sorted(fl)])
         return self.loss_of[key]
+
+    def weight_only_loss(self, anchor: str) -> float:
+        """The loss with the region `anchor` weight-only (its activations float, its weights quantized), the rest as
+        they are (not memoised)."""
+        if self.meter is None:
+            return 0.0
+        with keep_float(self.s.qgraph, [self.s.by_anchor[anchor]], weights=False):
+            return self.loss_of_meter(set())
+
+    def forget(self) -> None:
+        """Drop the memoised losses (the quantized graph's state changed under them)."""
+        self.loss_of.clear()
+        self.wide_loss_of.clear()
+        self.marginal.clear()
+        self.local.clear()
 
     def wide_loss(self, wide: set[str] | frozenset[str], fl: set[str] | frozenset[str] = frozenset()) -> float:
         """The loss with the regions `wide` in the wider format and `fl` in float (memoised)."""

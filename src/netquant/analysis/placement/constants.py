@@ -40,5 +40,8 @@ RANKED_REGIONS: dict[Effort, int | None] = {Effort.FAST: 0, Effort.DEFAULT: 12, 
 # all-INT8 loss (ViT-B/16's patch embedding: 0.7% of the weights, ~45% of the loss with pixels per tensor uint8)
 EDGE_MAX_WEIGHT_SHARE = 0.02
 EDGE_MIN_GAIN = 0.10
+# ... and a Conv / MatMul / Gemm edge keeps its weights int8 (weight-only: activations float, the file 3 bytes per
+# weight smaller) where that keeps at least WEIGHT_ONLY_SHARE of what floating it saves (ViT's patch embedding: 85%)
+WEIGHT_ONLY_SHARE = 0.75
 LOSS_NOISE = 1e-12  # an all-INT8 loss at or below this is float noise (its output is FP32's): no edge float is tried
 # and the report measures no sensitivities (a constant-weight model's 2e-32)

@@ -11,15 +11,17 @@ about as often (per token or pixel position): floating it costs at most that sha
 is kept float when the accuracy budget's meter (fake quantization, one torch thread, the budget's samples) measures
 that floating it alone saves at least EDGE_MIN_GAIN of the all-INT8 loss: an input quantized per tensor over a wide
 dynamic range (pixels, log-mel features), or a table whose per-row int8 error every token carries, can hold a large
-share of the whole model's error. No clock enters the choice: the same model, data and settings give the same edge
-floats.
+share of the whole model's error. A Conv / MatMul / Gemm edge is kept weight-only instead (its activations float, its
+weights int8 behind a DequantizeLinear: the file 3 bytes per weight smaller than float) where that keeps at least
+WEIGHT_ONLY_SHARE of what floating it saves. No clock enters the choice: the same model, data and settings give the
+same edge floats.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from netquant.analysis.placement.constants import EDGE_MAX_WEIGHT_SHARE
+from netquant.analysis.placement.constants import EDGE_MAX_WEIGHT_SHARE, EDGE_MIN_GAIN, WEIGHT_ONLY_SHARE
 from netquant.analysis.placement.records import significant
 from netquant.analysis.regions import Region
 from netquant.graph import Graph
@@ -30,16 +32,29 @@ _PASS_THROUGH = ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Flatten", "Ide
 
 @dataclass(frozen=True)
 class EdgeFloat:
-    """One edge region kept float: its share of the compute weights, the all-INT8 loss and the loss with it float."""
+    """One edge region kept float, or weight-only (int8 weights, float activations): its share of the compute
+    weights, the all-INT8 loss, the loss with it float and (Conv / MatMul / Gemm) with it weight-only."""
 
     anchor: str
     weight_share: float
     loss_all_int8: float
     loss_float: float
+    loss_weight_only: float | None = None
 
-    def as_dict(self) -> dict[str, float]:
-        return {"weight_share": significant(self.weight_share, 4), "loss_all_int8": significant(self.loss_all_int8),
-                "loss_float": significant(self.loss_float)}
+    @property
+    def weight_only(self) -> bool:
+        """Weight-only keeps at least WEIGHT_ONLY_SHARE of what floating saves (and saves EDGE_MIN_GAIN itself)."""
+        lw, base = self.loss_weight_only, self.loss_all_int8
+        return lw is not None and base - lw >= EDGE_MIN_GAIN * base and \
+            base - lw >= WEIGHT_ONLY_SHARE * (base - self.loss_float)
+
+    def as_dict(self) -> dict[str, float | bool]:
+        out: dict[str, float | bool] = {"weight_share": significant(self.weight_share, 4),
+                                        "loss_all_int8": significant(self.loss_all_int8),
+                                        "loss_float": significant(self.loss_float)}
+        if self.loss_weight_only is not None:
+            out.update({"loss_weight_only": significant(self.loss_weight_only), "weight_only": self.weight_only})
+        return out
 
 
 def _weights(graph: Graph, region: Region) -> int:

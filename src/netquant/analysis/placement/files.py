@@ -37,7 +37,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
                           f"{placement.target} or measure again (drop --placement-from)")
     regions = {r.anchor: r for r in find_regions(qgraph)}
     missing = [a for a in placement.float_anchors() + placement.wider_anchors() + placement.dynamic_anchors()
-               if a not in regions]
+               + placement.weight_only_anchors() if a not in regions]
     if missing:
         raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float or the wider "
                           "format, but this quantized graph has no such region (other quantization settings?); measure "
@@ -46,6 +46,7 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
         twin = wide_graph(qgraph, wide, f"placement file '{path}'")
         widen(qgraph, twin, [regions[a] for a in placement.wider_anchors()])
     reapply_clipped_ranges(qgraph, placement.measured)
+    keep_float(qgraph, [regions[a] for a in placement.weight_only_anchors()], weights=False)
     keep_float(qgraph, [regions[a] for a in placement.float_anchors()])
     qgraph.dynamic_ops = set(placement.dynamic_anchors())
     qgraph.attention_rewrite = rewrite_from_dict(placement.measured.get("attention"), f"placement file '{path}'")

@@ -23,6 +23,7 @@ from netquant.analysis.placement.constants import (
     WALL_THREADS,
 )
 from netquant.analysis.placement.inputs import batch1
+from netquant.analysis.placement.records import WEIGHT_ONLY
 from netquant.analysis.profile import (
     NodeMap,
     OrtProfile,
@@ -64,6 +65,7 @@ class SearchState:
         self.profiles = 0
         self.profile_s = 0.0
         self.built: dict[frozenset[str], onnx.ModelProto] = {}
+        self.weight_only: frozenset[str] = frozenset()  # edge regions weight-only (search.apply_weight_only)
         self.source: onnx.ModelProto | None = None
         self.source_session: Any = None
         self.source_build_s = 0.0  # seconds session_of took to serialize the source and build its session
@@ -178,9 +180,9 @@ def whole_model_timing(placement: Any, qgraph: Any) -> Any:
     decisions = {r.decision for r in placement.regions}
     if not {"source_fp32_wall_ms", "timed_shapes"} <= m.keys() or qgraph.dynamic_ops or qgraph.attention_rewrite:
         return None
-    if decisions == {"int8"} and "all_int8_wall_ms" in m:
+    if decisions - {WEIGHT_ONLY} == {"int8"} and "all_int8_wall_ms" in m:  # (weight-only edges: set before it)
         int8_ms = m["all_int8_wall_ms"]
-    elif decisions == {"int8", "float"} and "placed_wall_ms" in m:
+    elif decisions - {WEIGHT_ONLY} == {"int8", "float"} and "placed_wall_ms" in m:
         int8_ms = m["placed_wall_ms"]
     else:
         return None

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netquant.analysis.placement.constants import EDGE_MIN_GAIN, FORMAT
+from netquant.analysis.placement.constants import EDGE_MIN_GAIN, FORMAT, WEIGHT_ONLY_SHARE
 from netquant.atomic import write_text_atomic
 from netquant.errors import ConfigError
 
@@ -38,11 +38,14 @@ class Reason:
     EDGE = ("float: the first / last projection or a small embedding table, a small share of the weights, floating "
             "it saves at least "
             f"{EDGE_MIN_GAIN:.0%} of the all-INT8 loss (measured['edge_floats'])")
+    EDGE_WEIGHT_ONLY = ("weight-only: the first / last projection, its activations float and its weights int8 keep "
+                        f"at least {WEIGHT_ONLY_SHARE:.0%} of what floating it saves (measured['edge_floats'])")
 
 
 # decisions of a region (RegionDecision.decision); DYNAMIC: int8 weights, the activation quantized at run time
 # (export.dynamic: DynamicQuantizeLinear + MatMulInteger, onnxruntime's DynamicQuantizeMatMul)
-INT8, WIDER, FLOAT, DYNAMIC = "int8", "wider", "float", "dynamic"
+# WEIGHT_ONLY: int8 weights (DequantizeLinear in the file), float activations (an edge region: analysis.placement.edges)
+INT8, WIDER, FLOAT, DYNAMIC, WEIGHT_ONLY = "int8", "wider", "float", "dynamic", "weight_only"
 
 
 
@@ -85,7 +88,7 @@ class RegionDecision:
 
 
 WIDER_FIELDS = ("wider_format", "wider_gain", "dynamic_ms")
-DECISIONS = (INT8, WIDER, FLOAT, DYNAMIC)
+DECISIONS = (INT8, WIDER, FLOAT, DYNAMIC, WEIGHT_ONLY)
 
 _OPT_NUMBER, _STR, _OPT_STR = (int, float, type(None)), (str,), (str, type(None))
 _JSON_NAMES = {int: "number", float: "number", str: "string", dict: "object", list: "list", type(None): "null", bool: "boolean"}
@@ -175,6 +178,10 @@ class Placement:
         """The regions whose activation input is quantized at run time (DYNAMIC)."""
         return [r.anchor for r in self.regions if r.decision == DYNAMIC]
 
+    def weight_only_anchors(self) -> list[str]:
+        """The regions with int8 weights and float activations (WEIGHT_ONLY)."""
+        return [r.anchor for r in self.regions if r.decision == WEIGHT_ONLY]
+
     def wider_anchors(self) -> list[str]:
         """The regions that run in the platform's wider format (Platform.wider)."""
         return [r.anchor for r in self.regions if r.decision == WIDER]
@@ -233,6 +240,7 @@ class Placement:
                 "dynamic_regions": sum(r.decision == DYNAMIC for r in self.regions),
                 "wider_regions": sum(r.decision == WIDER for r in self.regions),
                 "float_regions": sum(r.decision == FLOAT for r in self.regions),
+                "weight_only_regions": sum(r.decision == WEIGHT_ONLY for r in self.regions),
                 "repairs": [asdict(r) for r in self.repairs], "repair": self.kept_repair(),
                 "regions": [r.as_dict() for r in self.regions]}
 

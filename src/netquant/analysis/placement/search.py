@@ -24,7 +24,7 @@ from netquant.analysis.placement.constants import (
     WIDER_SHARE,
 )
 from netquant.analysis.placement.dynamic import choose_dynamic_and_attention
-from netquant.analysis.placement.edges import EdgeFloat, edge_candidates
+from netquant.analysis.placement.edges import EDGE_OPS, EdgeFloat, edge_candidates
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
@@ -32,6 +32,7 @@ from netquant.analysis.placement.ranges import check_clipped_ranges
 from netquant.analysis.placement.records import (
     FLOAT,
     INT8,
+    WEIGHT_ONLY,
     WIDER,
     Placement,
     Reason,
@@ -101,9 +102,10 @@ def decisions_of(s: SearchState, best: frozenset[str], sens: dict[str, Sensitivi
     for r in s.regions:
         a, se = r.anchor, sens.get(r.anchor)
         t8, t32 = s.t8.get(a), s.t32.get(a)
-        decision = FLOAT if a in best else WIDER if a in wide else INT8
+        decision = FLOAT if a in best else WIDER if a in wide else WEIGHT_ONLY if a in s.weight_only else INT8
         g = (wider_gain or {}).get(a)
-        out.append(RegionDecision(a, r.op_type, list(r.ops), decision, reason_of(a),
+        out.append(RegionDecision(a, r.op_type, list(r.ops), decision,
+                                  Reason.EDGE_WEIGHT_ONLY if decision == WEIGHT_ONLY else reason_of(a),
                                   None if t8 is None else round(t8, 4), None if t32 is None else round(t32, 4),
                                   se.only if se else None, se.all_but if se else None, se.gain if se else None,
                                   label if decision == WIDER else None, None if g is None else significant(g)))
@@ -164,8 +166,20 @@ def edge_floats(s: SearchState, budget: AccuracyBudget, objective: Objective) ->
             continue
         lf = budget.loss({a})
         if base - lf >= EDGE_MIN_GAIN * base:
-            out[a] = EdgeFloat(a, share, base, lf)
+            lw = budget.weight_only_loss(a) if s.by_anchor[a].op_type in EDGE_OPS else None
+            out[a] = EdgeFloat(a, share, base, lf, lw)
     return out
+
+
+def apply_weight_only(s: SearchState, budget: AccuracyBudget, anchors: frozenset[str]) -> None:
+    """The edge regions `anchors` weight-only from here on (their activations float, weights int8): the state every
+    later candidate, timing and loss starts from; the memoised losses and builds of the earlier state dropped."""
+    if not anchors:
+        return
+    keep_float(s.qgraph, [s.by_anchor[a] for a in sorted(anchors)], weights=False)
+    s.weight_only = anchors
+    s.built.clear()
+    budget.forget()
 
 
 def _all_int8_unprofiled(s: SearchState, budget: AccuracyBudget, placement: Placement, measured: dict[str, Any], start: float,
@@ -184,6 +198,8 @@ def _all_int8_unprofiled(s: SearchState, budget: AccuracyBudget, placement: Plac
     placement.note = "; ".join(filter(None, [placement.note, "all INT8: no slower than the source model and within "
                                              "the budget; per-region times not profiled (time cap)",
                                              f"{len(edge)} edge region(s) float (measured['edge_floats'])" if edge
+                                             else "",
+                                             f"{len(s.weight_only)} edge region(s) weight-only" if s.weight_only
                                              else ""]))
     return placement
 
@@ -233,9 +249,10 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
     if ranges is not None:
         measured["matmul_ranges"] = ranges
     edges = edge_floats(s, budget, objective)
-    edge = frozenset(edges)
+    edge = frozenset(a for a, e in edges.items() if not e.weight_only)
     if edges:
         measured["edge_floats"] = {a: e.as_dict() for a, e in sorted(edges.items())}
+    apply_weight_only(s, budget, frozenset(edges) - edge)
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph)
     int8_first_ok = False
