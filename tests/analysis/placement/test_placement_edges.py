@@ -75,14 +75,20 @@ def _loss(model: onnx.ModelProto, path, x: np.ndarray) -> float:
 
 @pytest.fixture(scope="module")
 def placed(tmp_path_factory):
+    """The model quantized by the rules alone and placed twice; its patch embedding (4,608 weights) counts as large
+    enough for weight-only here (WEIGHT_ONLY_MIN_WEIGHTS lowered: ViT-B/16's has 590,592)."""
+    import netquant.analysis.placement.search as search
+
     model = vit_like()
     calib = [pixels(1, s) for s in range(8)]
     folder = tmp_path_factory.mktemp("edges")
     out = {}
-    for label, kw in (("rules", {"objective": None}), ("placed", {}), ("again", {})):
-        q = netquant.quantize_onnx(model, calib, "onnxruntime_int8", quiet=True, matmul_ranges=False, **kw)
-        q.export(folder / f"{label}.onnx")
-        out[label] = q
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(search, "WEIGHT_ONLY_MIN_WEIGHTS", 1)
+        for label, kw in (("rules", {"objective": None}), ("placed", {}), ("again", {})):
+            q = netquant.quantize_onnx(model, calib, "onnxruntime_int8", quiet=True, matmul_ranges=False, **kw)
+            q.export(folder / f"{label}.onnx")
+            out[label] = q
     return model, out, folder
 
 
@@ -117,16 +123,22 @@ def test_edge_weight_only_lowers_the_error_in_onnxruntime_and_keeps_int8_weights
     assert weight.data_type == TensorProto.INT8 and list(weight.dims) == [C, 3, PATCH, PATCH]
 
 
-def test_edge_float_where_weight_only_keeps_too_little(monkeypatch, tmp_path):
-    """Where weight-only keeps less than WEIGHT_ONLY_SHARE of floating's saving, the edge is float (FP32 weights)."""
+@pytest.mark.parametrize("why", ["keeps too little", "too few weights"])
+def test_edge_float_where_weight_only_keeps_too_little_or_saves_too_few_bytes(monkeypatch, tmp_path, why):
+    """Where weight-only keeps less than WEIGHT_ONLY_SHARE of floating's saving, or the region holds fewer than
+    WEIGHT_ONLY_MIN_WEIGHTS weights (not even measured), the edge is float (FP32 weights in the file)."""
     import netquant.analysis.placement.edges as edges
+    import netquant.analysis.placement.search as search
 
-    monkeypatch.setattr(edges, "WEIGHT_ONLY_SHARE", 1.01)  # never enough
+    if why == "keeps too little":
+        monkeypatch.setattr(search, "WEIGHT_ONLY_MIN_WEIGHTS", 1)
+        monkeypatch.setattr(edges, "WEIGHT_ONLY_SHARE", 1.01)  # never enough
     q = netquant.quantize_onnx(vit_like(), [pixels(1, s) for s in range(8)], "onnxruntime_int8", quiet=True,
                                matmul_ranges=False)
     patch = next(r for r in q.placement.regions if r.anchor == "patch")
     assert patch.decision == FLOAT and patch.reason == Reason.EDGE
-    assert not q.placement.measured["edge_floats"]["patch"]["weight_only"]
+    edge = q.placement.measured["edge_floats"]["patch"]
+    assert edge.get("weight_only") is (False if why == "keeps too little" else None)
     q.export(tmp_path / "f.onnx")
     g = onnx.load(str(tmp_path / "f.onnx")).graph
     conv = next(n for n in g.node if n.op_type == "Conv")

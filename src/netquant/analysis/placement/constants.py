@@ -43,5 +43,6 @@ EDGE_MIN_GAIN = 0.10
 # ... and a Conv / MatMul / Gemm edge keeps its weights int8 (weight-only: activations float, the file 3 bytes per
 # weight smaller) where that keeps at least WEIGHT_ONLY_SHARE of what floating it saves (ViT's patch embedding: 85%)
 WEIGHT_ONLY_SHARE = 0.75
+WEIGHT_ONLY_MIN_WEIGHTS = 1 << 16  # ... and holds this many weights (smaller edges save a few KB: they stay float)
 LOSS_NOISE = 1e-12  # an all-INT8 loss at or below this is float noise (its output is FP32's): no edge float is tried
 # and the report measures no sensitivities (a constant-weight model's 2e-32)

@@ -13,7 +13,8 @@ that floating it alone saves at least EDGE_MIN_GAIN of the all-INT8 loss: an inp
 dynamic range (pixels, log-mel features), or a table whose per-row int8 error every token carries, can hold a large
 share of the whole model's error. A Conv / MatMul / Gemm edge is kept weight-only instead (its activations float, its
 weights int8 behind a DequantizeLinear: the file 3 bytes per weight smaller than float) where that keeps at least
-WEIGHT_ONLY_SHARE of what floating it saves. No clock enters the choice: the same model, data and settings give the
+WEIGHT_ONLY_SHARE of what floating it saves and it holds WEIGHT_ONLY_MIN_WEIGHTS or more (smaller ones, a CNN's first
+conv, save a few KB: they stay float). No clock enters the choice: the same model, data and settings give the
 same edge floats.
 """
 
@@ -57,7 +58,8 @@ class EdgeFloat:
         return out
 
 
-def _weights(graph: Graph, region: Region) -> int:
+def region_weight_count(graph: Graph, region: Region) -> int:
+    """Elements of the region's constant inputs (its weights and biases)."""
     return sum(int(graph.initializers[i].numel()) for op in region.ops for i in graph.node(op).inputs
                if i in graph.initializers)
 
@@ -90,14 +92,14 @@ def _writes_output(graph: Graph, tensor: str, outputs: set[str]) -> bool:
 
 def edge_candidates(graph: Graph, regions: list[Region]) -> dict[str, float]:
     """{anchor: weight share} of the edge candidates (module docstring), in graph order."""
-    total = sum(_weights(graph, r) for r in regions)
+    total = sum(region_weight_count(graph, r) for r in regions)
     if not total:
         return {}
     inputs = {v.name for v in graph.inputs if v.name not in graph.initializers}
     outputs = {v.name for v in graph.outputs}
     out: dict[str, float] = {}
     for r in regions:
-        share = _weights(graph, r) / total
+        share = region_weight_count(graph, r) / total
         node = graph.node(r.anchor)
         if share > EDGE_MAX_WEIGHT_SHARE or not node.inputs or not share:
             continue

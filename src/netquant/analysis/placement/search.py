@@ -21,10 +21,11 @@ from netquant.analysis.placement.constants import (
     SEARCH_MIN_S,
     SEARCH_SHARE,
     TIME_SHARE,
+    WEIGHT_ONLY_MIN_WEIGHTS,
     WIDER_SHARE,
 )
 from netquant.analysis.placement.dynamic import choose_dynamic_and_attention
-from netquant.analysis.placement.edges import EDGE_OPS, EdgeFloat, edge_candidates
+from netquant.analysis.placement.edges import EDGE_OPS, EdgeFloat, edge_candidates, region_weight_count
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
@@ -166,7 +167,9 @@ def edge_floats(s: SearchState, budget: AccuracyBudget, objective: Objective) ->
             continue
         lf = budget.loss({a})
         if base - lf >= EDGE_MIN_GAIN * base:
-            lw = budget.weight_only_loss(a) if s.by_anchor[a].op_type in EDGE_OPS else None
+            r = s.by_anchor[a]
+            lw = budget.weight_only_loss(a) if r.op_type in EDGE_OPS and \
+                region_weight_count(s.qgraph.graph, r) >= WEIGHT_ONLY_MIN_WEIGHTS else None
             out[a] = EdgeFloat(a, share, base, lf, lw)
     return out
 
