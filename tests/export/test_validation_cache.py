@@ -135,6 +135,26 @@ def test_the_budget_fp32_reference_is_calibrations_first_batch_bit_for_bit() -> 
     assert _batch1(2).qgraph.reference_run is None  # two torch threads: not the budget's one-thread sums
 
 
+def test_where_later_batches_run_on_sample_threads_the_first_runs_on_one_thread_too(monkeypatch) -> None:
+    """Two torch threads but later batches on two sample threads (the thread policy's default): the small first batch
+    runs on one thread as they do, so its FP32 values are the budget's reference, bit for bit a one-thread run; torch's
+    two threads are back after."""
+    import netquant.passes.calibration as calibration
+    from netquant.analysis.sensitivity import compared_tensors
+    from netquant.platforms.threads import thread_scope
+
+    monkeypatch.setattr(calibration, "sample_workers", lambda: 2)
+    with thread_scope(2):
+        q = netquant.quantize_onnx(conv_relu_gemm(), calib_batches((1, 3, 8, 8), n=5), quiet=True,
+                                   objective=None).qgraph
+        assert torch.get_num_threads() == 2
+    ref = q.reference_run
+    assert ref is not None
+    with thread_scope(1), torch.no_grad():
+        fresh = q.executor(fake_quant=False).run(q.validation_batches[0], outputs=compared_tensors(q))
+    assert all(torch.equal(ref.tensors[k], fresh[k]) for k in fresh)
+
+
 def test_placement_onnxruntime_runs_are_kept_and_reused_bit_for_bit(tmp_path: Path, monkeypatch) -> None:
     """Placement's warm-up runs of the files it times (the source FP32 model, the INT8 files) are kept, each
     onnxruntime's own outputs; export validation takes such a run for the batch it ran on where it runs that very

@@ -70,7 +70,7 @@ from netquant.passes.observers import make_observer
 from netquant.passes.quant_graph import CalibrationCounts, ReferenceRun, compared_tensors
 from netquant.passes.quantizer import GraphIndex
 from netquant.passes.value_floors import value_floors
-from netquant.platforms.threads import sample_workers
+from netquant.platforms.threads import sample_workers, thread_scope
 
 
 def graph_state(graph: Graph) -> tuple[Any, ...]:
@@ -343,6 +343,7 @@ class CalibrationPass(PassBase):
         ex.add_post_hook(post)
         data = ctx.calib_data
         keep_outputs = ex.device.type == "cpu" and not qgraph.validation_batches  # validation runs on the CPU
+        workers = sample_workers() if ex.device.type == "cpu" else 1
         first_runs: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (batch, FP32 outputs) run one by one
         limit = 1  # samples per stacked run (1: every batch as given)
         decided = False
@@ -404,15 +405,19 @@ class CalibrationPass(PassBase):
                     kept = sorted(range_bytes) if first_batches > 1 and range_bytes and \
                         sum(range_bytes.values()) * samples_in(batch) <= RANGE_KEEP_BYTES * samples_in(
                             qgraph.validation_batches[0]) else []  # (range_bytes: filled on one thread only)
-                    if first_batches == 1 and keep_outputs and torch.get_num_threads() == 1:  # the budget's reference
+                    # a small first batch where later ones run one per sample thread: on one thread too (its time
+                    # compares with theirs, and its FP32 values are then the placement budget's reference as is)
+                    one_thread = first_batches == 1 and keep_outputs and workers > 1 and \
+                        samples_in(batch) < STACK_WORTH_BELOW
+                    reference = first_batches == 1 and keep_outputs and (torch.get_num_threads() == 1 or one_thread)
+                    if reference:
                         kept = [t for t in compared_tensors(graph) if t not in output_names]
-                        reference = True
-                    else:
-                        reference = False
-                    start = time.perf_counter()
-                    outputs = ex.run(batch, outputs=[*output_names, *kept]) if kept else ex.run(batch)
+                    with thread_scope(1) if one_thread else contextlib.nullcontext():
+                        start = time.perf_counter()
+                        outputs = ex.run(batch, outputs=[*output_names, *kept]) if kept else ex.run(batch)
+                        run_s = time.perf_counter() - start
                     if tail is None:  # (a cut batch's time would understate the batches')
-                        first.run_s.append(time.perf_counter() - start)
+                        first.run_s.append(run_s)
                     else:
                         self._observe_only(ex, tail, probing, recording)
                         stats.executor_runs += 1
