@@ -7,7 +7,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
@@ -15,19 +14,8 @@ import netquant
 from netquant.export.dynamic import make_dynamic
 from netquant.export.onnx_qdq import build_qdq_model
 from netquant.graph import Executor, load_onnx
+from tests.helpers.ort_sessions import one_thread_session as _session
 from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
-
-
-def _session(model: onnx.ModelProto | Path, optimized: bool = True, saved: Path | None = None) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    if not optimized:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if saved is not None:
-        so.optimized_model_filepath = str(saved)
-    data = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    return ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
 
 
 @pytest.fixture(scope="module")

@@ -7,25 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 import netquant
 from netquant.export.layer_norm_apart import keep_layer_norms_apart
+from tests.helpers.ort_sessions import one_thread_session as _session
 
 SHAPE = [1, 8, 16]
-
-
-def _session(model: onnx.ModelProto, optimized: bool = True, saved: Path | None = None) -> ort.InferenceSession:
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.log_severity_level = 3
-    if not optimized:
-        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    if saved is not None:
-        so.optimized_model_filepath = str(saved)
-    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
 def _add_layer_norm(readers: int = 1, output: bool = False) -> onnx.ModelProto:
