@@ -39,8 +39,8 @@ def apply_placement_file(qgraph: QuantizedGraph, path: str | os.PathLike[str],
     missing = [a for a in placement.float_anchors() + placement.wider_anchors() + placement.dynamic_anchors()
                + placement.weight_only_anchors() if a not in regions]
     if missing:
-        raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float or the wider "
-                          "format, but this quantized graph has no such region (other quantization settings?); measure "
+        raise ConfigError(f"placement file '{path}' keeps region(s) {', '.join(missing[:5])} in float, weight-only, "
+                          "dynamic or the wider format, but this quantized graph has no such region (other quantization settings?); measure "
                           "again")
     if placement.wider_anchors():
         twin = wide_graph(qgraph, wide, f"placement file '{path}'")
