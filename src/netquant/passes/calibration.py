@@ -343,7 +343,7 @@ class CalibrationPass(PassBase):
         ex.add_post_hook(post)
         data = ctx.calib_data
         keep_outputs = ex.device.type == "cpu" and not qgraph.validation_batches  # validation runs on the CPU
-        workers = sample_workers() if ex.device.type == "cpu" else 1
+        workers = sample_workers()  # sample threads the later batches may take (CPU only: pool_blocker, keep_outputs)
         first_runs: list[tuple[dict[str, Any], dict[str, Any]]] = []  # (batch, FP32 outputs) run one by one
         limit = 1  # samples per stacked run (1: every batch as given)
         decided = False
@@ -471,10 +471,10 @@ class CalibrationPass(PassBase):
                 if limit <= 1:
                     if pool is None and pool_why is None:
                         remaining = (data.num_batches or 0) - index
-                        pool_why = pool_blocker([o for _, o in observed], sample_workers(), ctx.settings.device,
+                        pool_why = pool_blocker([o for _, o in observed], workers, ctx.settings.device,
                                                 shard is not None, first.run_s, remaining)
                         if pool_why is None:
-                            pool = SamplePool(graph, pool_map(on_input), pool_map(on_output), sample_workers())
+                            pool = SamplePool(graph, pool_map(on_input), pool_map(on_output), workers)
                     if pool is not None:
                         pool.submit(index, batch)
                         continue

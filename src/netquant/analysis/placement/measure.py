@@ -104,9 +104,8 @@ class SearchState:
             first: list[list[Any]] = []
             ms = wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=budget,
                                settled=settled, threads=WALL_THREADS, sessions=sessions, first_outputs=first)
-            feeds = {k: np.ascontiguousarray(v) for k, v in (self.feeds or {}).items()}
             for model, outputs in zip(models, first, strict=True):
-                self.qgraph.keep_engine_run(EngineRun(model, feeds, WALL_THREADS, outputs))
+                self.qgraph.keep_engine_run(EngineRun(model, dict(self.feeds or {}), WALL_THREADS, outputs))
             return ms
         finally:
             self.profile_s += time.perf_counter() - t
