@@ -180,3 +180,20 @@ def test_an_all_int8_loss_at_float_noise_tries_no_edge_and_measures_no_sensitivi
     p = qm.placement
     assert p.measured["loss_all_int8"] <= LOSS_NOISE and "edge_floats" not in p.measured
     assert all(r.gain is None and r.loss_only is None for r in p.regions)
+
+
+def test_a_placement_file_naming_an_unknown_weight_only_region_is_refused(placed, tmp_path):
+    """A weight-only decision for a region this quantized graph lacks: ConfigError naming the file and the region."""
+    from netquant.errors import ConfigError
+
+    model, out, _ = placed
+    p = out["placed"].placement
+    patch = next(r for r in p.regions if r.anchor == "patch")
+    patch.anchor = "no_such_conv"
+    try:
+        p.save(tmp_path / "bad.json")
+    finally:
+        patch.anchor = "patch"
+    with pytest.raises(ConfigError, match=r"bad\.json.*no_such_conv.*weight-only.*measure\s+again"):
+        netquant.quantize_onnx(model, [pixels(1, s) for s in range(8)], "onnxruntime_int8", quiet=True,
+                               matmul_ranges=False, placement_from=str(tmp_path / "bad.json"))
