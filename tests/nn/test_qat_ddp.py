@@ -4,6 +4,7 @@ follows single-process training on the whole batch."""
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from pathlib import Path
@@ -66,6 +67,11 @@ def _rank(rank: int, port: int, out: str) -> None:
         ddp(x[mine][:4] if rank == 0 else x[:0]).square().sum().backward()
         uneven = {n: p.grad.clone() for n, p in q.named_parameters() if n.endswith("scale")}
         torch.save({"calibrated": calibrated, "trained": trained, "uneven": uneven}, Path(out) / f"rank{rank}.pt")
+        # release DDP's reducer (it holds the group and its pending gloo work) while the interpreter is whole, and
+        # leave together: a gloo worker thread torn down at interpreter exit aborts the process (SIGABRT, seen in CI)
+        del ddp
+        gc.collect()
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
