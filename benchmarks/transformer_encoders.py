@@ -53,7 +53,7 @@ RESULTS = Path(__file__).parent / "results" / "transformers.md"
 MODELS_DIR = Path(tempfile.gettempdir()) / "netquant_transformer_models"
 Feeds = dict[str, np.ndarray]
 BATCHES = (1, 8)
-EMULATION_SHARE = 0.25  # the executor (exact) may differ from onnxruntime here by this share of the file's own error
+EMULATION_SHARE = 0.1  # the executor (exact) must give onnxruntime's accuracy here within this share of the error
 
 
 @dataclass
@@ -235,13 +235,15 @@ def quantize_all(case: Case, work: Path) -> list[Result]:
     return results
 
 
-def cosine_without_vnni(path: Path, feeds: list[Feeds], ref: list[np.ndarray]) -> tuple[float | None, str]:
-    """(cosine vs `ref`, why not) of the file as x86 CPUs without VNNI run it: the graph onnxruntime runs here
-    (its fused int8 kernels: MatMulIntegerToFloat, DynamicQuantizeMatMul, QAttention, QLinearMatMul, ...) on
-    netquant's executor with pairwise-int16 accumulation (u8 x s8 pairs summed with int16 saturation, as
-    vpmaddubsw does). The same executor with exact accumulation must first give onnxruntime's outputs here on the first
-    batch to within EMULATION_SHARE of the file's own error vs FP32 (1 - cosine); a disagreement of more than 1e-6 is
-    named in the returned note."""
+def cosine_without_vnni(path: Path, feeds: list[Feeds], ref: list[np.ndarray],
+                        here: list[np.ndarray]) -> tuple[float | None, str]:
+    """(cosine vs `ref`, note) of the file as x86 CPUs without VNNI run it: the graph onnxruntime runs here (its fused
+    int8 kernels: MatMulIntegerToFloat, DynamicQuantizeMatMul, QAttention, QLinearMatMul, ...) on netquant's executor
+    with pairwise-int16 accumulation (u8 x s8 pairs summed with int16 saturation, as vpmaddubsw does). The same
+    executor with exact accumulation must first give the accuracy onnxruntime gives here (`here`: its outputs on
+    `feeds`) to within EMULATION_SHARE of the file's own error (1 - cosine): deep int8 graphs follow float noise into
+    other rounding choices, so the two engines' outputs differ element by element by about as much as each differs
+    from FP32, while their error is the same (the note gives both cosines)."""
     from netquant.core.int_kernels import Accumulation
     from netquant.graph.executor import Executor
     from netquant.graph.load import load_onnx
@@ -252,23 +254,23 @@ def cosine_without_vnni(path: Path, feeds: list[Feeds], ref: list[np.ndarray]) -
         so.intra_op_num_threads = 1
         so.log_severity_level = 3
         so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        here = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, feeds[0])[0]
+        ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
         try:
             graph = load_onnx(so.optimized_model_filepath)
             out = graph.outputs[0].name
 
-            def run(acc: Accumulation, batch: Feeds) -> np.ndarray:
-                return Executor(graph, accumulation=acc).run({k: torch.from_numpy(v) for k, v in batch.items()})[
-                    out].numpy()
+            def run(acc: Accumulation) -> list[np.ndarray]:
+                ex = Executor(graph, accumulation=acc)
+                return [ex.run({k: torch.from_numpy(v) for k, v in b.items()})[out].numpy() for b in feeds]
 
-            exact = run(Accumulation.EXACT, feeds[0])
+            exact = cosine_vs(ref, run(Accumulation.EXACT))
         except Exception as exc:  # noqa: BLE001 - an op the executor lacks: no emulated number
             return None, f"executor cannot run it: {type(exc).__name__}: {str(exc)[:80]}"
-        agree, own = cosine_vs([here], [exact]), 1 - cosine_vs(ref[:1], [here])
-        note = f"executor (exact) vs onnxruntime here: cosine {agree:.6f}" if agree < 1 - 1e-6 else ""
-        if 1 - agree > EMULATION_SHARE * own:
-            return None, note + f", over {EMULATION_SHARE:.0%} of the file's own error ({own:.1e})"
-        return cosine_vs(ref, [run(Accumulation.PAIRWISE_INT16, b) for b in feeds]), note
+        engine = cosine_vs(ref, here)
+        note = f"executor exact {exact:.6f} vs onnxruntime {engine:.6f}"
+        if abs(exact - engine) > EMULATION_SHARE * (1 - engine):
+            return None, note + f": apart by over {EMULATION_SHARE:.0%} of the error"
+        return cosine_vs(ref, run(Accumulation.PAIRWISE_INT16)), note
 
 
 def bench(case: Case, work: Path, per_round: int, rounds: int) -> list[Result]:
@@ -289,8 +291,8 @@ def bench(case: Case, work: Path, per_round: int, rounds: int) -> list[Result]:
         for r, o in zip(ok, outs, strict=True):
             r.cosine[batch] = cosine_vs(outs[0], o)
             if batch == 1 and r is not ok[0]:
-                r.cosine_no_vnni, why = cosine_without_vnni(r.path, feeds, outs[0])  # type: ignore[arg-type]
-                r.note = "; ".join(filter(None, [r.note, f"no-VNNI emulation: {why}" if why else ""]))
+                r.cosine_no_vnni, why = cosine_without_vnni(r.path, feeds, outs[0], o)  # type: ignore[arg-type]
+                r.note = "; ".join(filter(None, [r.note, f"no-VNNI emulation: {why}"]))
         ms = interleaved_ms([functools.partial(s.run, None, feeds[0]) for s in sessions],
                             per_round=per_round if batch == 1 else 1, rounds=rounds, warmup=1 if batch > 1 else 3)
         for r, m in zip(ok, ms, strict=True):
@@ -314,8 +316,8 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
              "batch 8), medians; speed = FP32 / method. Cosine b1 x86 no VNNI: the same batch-1 samples through "
              "the graph onnxruntime runs here (its fused int8 kernels), on netquant's executor with pairwise-int16 "
              "accumulation, as CPUs without VNNI (AVX2, AVX-512 without VNNI) sum u8 x s8 pairs; the executor with "
-             "exact accumulation first matches onnxruntime here on the first sample to within a quarter of the "
-             "file's own error (1 - cosine; a difference over 1e-6 is in the note). Quantization time: quantize "
+             "exact accumulation first gives the accuracy onnxruntime gives here, to within a tenth of the file's "
+             "own error (1 - cosine; both in the note). Quantization time: quantize "
              "(+ export with its validation for netquant), every method's modules imported before any is timed, "
              "every method run twice in two passes over the methods (netquant's probe caches cleared before its "
              "second run): the second run's seconds, the first's in brackets (the first method of a model pays that "

@@ -256,3 +256,15 @@ def test_auto_keeps_batches_of_many_samples_on_the_executor() -> None:
     c = qm.qgraph.calibration
     assert c.stack_blocker == "the batches already hold 8 samples" and c.engine == "executor"
     assert "hold 8 samples" in c.engine_note and c.ort_runs == 0
+
+
+def test_onnxruntime_by_name_runs_where_stacking_would_apply() -> None:
+    """calib_engine='onnxruntime' on batches the executor could stack: onnxruntime calibrates (not a silent executor
+    run), with the executor's scales bit for bit."""
+    batches = _images(12, shape=(1, 3, 16, 16))
+    ex, ort = _both(conv_net(), batches)
+    assert ex.qgraph.calibration.stack_blocker == ""  # the executor stacks these
+    c = ort.qgraph.calibration
+    assert c.engine == "onnxruntime" and c.engine_note == "" and c.ort_runs >= 9
+    assert c.stack_blocker == "calib_engine is 'onnxruntime': it runs the batches as given"
+    _assert_same_params(ex, ort)

@@ -36,7 +36,7 @@ SECTIONS = ("model", "host", "platform", "engine", "vs-fp32", "placement", "laye
 # what the placement's measured keys mean (the "key value" line of the .md report)
 MEASURED_LABELS = {
     "source_fp32_wall_ms": "source FP32 model, wall clock (ms per batch-1 run)",
-    "all_int8_wall_ms": "all regions INT8, wall clock (ms)",
+    "all_int8_wall_ms": "all regions INT8 (edge floats float), wall clock (ms)",
     "placed_wall_ms": "placed model, wall clock (ms)",
     "all_float_wall_ms": "all regions float (cleaned graph), wall clock (ms)",
     "fp32_ms": "FP32, sum of profiled nodes (ms)",

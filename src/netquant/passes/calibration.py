@@ -292,6 +292,10 @@ class CalibrationPass(PassBase):
         ort_why = "calib_engine is 'executor'" if engine is CalibEngine.EXECUTOR else ort_blocker(
             [o for _, o in observed], tensors, top_level, ctx.settings.device, ctx.settings.range_bits,
             ctx.calib_data.num_batches is not None, ctx.settings.distributed)
+        if engine is CalibEngine.ONNXRUNTIME and ort_why is None and blocker is None:
+            # asked for by name: onnxruntime runs the batches as given (stacked executor runs would leave it unused)
+            blocker = "calib_engine is 'onnxruntime': it runs the batches as given"
+            probing.clear()
         floors = value_floors(graph, lambda n: clip_bounds(graph_index, n)[0], graph_index.constant,
                               lambda n: clip_bounds(graph_index, n)[1]) if ort_why is None else {}
         # the executor's extrema and run times over the first batches (onnxruntime's check), its first run's tensors

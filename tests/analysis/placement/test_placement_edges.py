@@ -145,6 +145,28 @@ def test_edge_float_where_weight_only_keeps_too_little_or_saves_too_few_bytes(mo
     assert next(t for t in g.initializer if t.name == conv.input[1]).data_type == TensorProto.FLOAT
 
 
+def test_the_int8_first_check_times_the_file_with_its_edge_float_and_the_export_reuses_it(monkeypatch, tmp_path):
+    """The INT8-first check times the file that ships (the edge float float, not the all-INT8 build) against the
+    source; where it decides, that pair is the export's timing (placed_wall_ms; no timing of the export's own).
+    Static regions only and no per-region profiles here, so that the INT8-first check is the decision."""
+    import netquant.analysis.placement.search as search
+
+    monkeypatch.setattr(search, "choose_dynamic_and_attention", lambda s, placement, *args: placement)
+    monkeypatch.setattr(search, "PROFILE_AFTER_SHARE", 0.0)
+    q = netquant.quantize_onnx(vit_like(), [pixels(1, s) for s in range(8)], "onnxruntime_int8", quiet=True,
+                               matmul_ranges=False)
+    m = q.placement.measured
+    if m["all_int8_wall_ms"] > m["source_fp32_wall_ms"]:
+        pytest.skip("the INT8 file timed slower than FP32 on this CPU: the per-region search decides")
+    assert [r.anchor for r in q.placement.regions if r.decision == FLOAT] == ["patch"]
+    assert m["placed_wall_ms"] == m["all_int8_wall_ms"]
+    assert q.qgraph.whole_model_timing is not None
+    report = q.export(tmp_path / "e.onnx")
+    assert report.vs_fp32.timed_by == "placement"
+    assert report.vs_fp32.int8_ms == pytest.approx(m["placed_wall_ms"], rel=1e-3)
+    assert report.vs_fp32.fp32_ms == pytest.approx(m["source_fp32_wall_ms"], rel=1e-3)
+
+
 def test_a_weight_only_placement_file_is_reapplied_to_the_same_bytes(placed, tmp_path):
     model, out, folder = placed
     out["placed"].placement.save(tmp_path / "p.json")

@@ -170,8 +170,9 @@ class SearchState:
 def whole_model_timing(placement: Any, qgraph: Any) -> Any:
     """Placement's whole-model timing of the source FP32 model and of the file export writes
     (passes.quant_graph.WholeModelTiming), where it timed that file: every region INT8 (the INT8-first check's
-    all_int8_wall_ms), or INT8 and float regions as decided (the placed file's check, placed_wall_ms, timed in the
-    same rounds as the source); none quantized at run time, no attention rewrite; else None."""
+    all_int8_wall_ms), or INT8 and float regions as decided (placed_wall_ms: the placed file's check, or the
+    INT8-first check where only edge floats are float, both timed in the same rounds as the source); none quantized
+    at run time, no attention rewrite; else None."""
     from netquant.export.onnx_qdq import quant_state
     from netquant.passes.quant_graph import WholeModelTiming
 
