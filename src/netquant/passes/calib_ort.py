@@ -44,7 +44,9 @@ twice (a materialised set) and the executor's time for the remaining batches (it
 number) is at least ORT_WORTH_S; it is used when its fastest first-batch run takes at most ORT_FASTER of the
 executor's (measured, same threads). An end undecided on every first batch recurs on a rounding boundary: every
 batch would need an executor re-run, so auto keeps (or goes back to) the executor (`recurring_end`; a lower end
-the executor's first batches reached at the tensor's floor is exact and does not count).
+the executor's first batches reached at the tensor's floor is exact and does not count). CalibEngine.ONNXRUNTIME (by
+name) runs onnxruntime wherever it can give the statistics, on the batches as given (the executor's stacking is not
+tried: stacked executor runs would leave it unused); EXECUTOR never tries it.
 """
 
 from __future__ import annotations
