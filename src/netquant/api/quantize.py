@@ -7,7 +7,7 @@ import dataclasses
 import os
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from netquant.api.model import QuantizedModel
 from netquant.data.calib import PATH_OPTION_KEYS, calibration_files, graph_inputs, load_path_calibration
 from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpError
 from netquant.graph import Graph, load_onnx, to_onnx
+from netquant.graph.checker import check_structure
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
 from netquant.outputs import absolute, model_files
 from netquant.passes.base import PassBase
@@ -39,13 +40,11 @@ class ModelCheckWarning(UserWarning):
     """The input model fails onnx.checker (a warning: onnxruntime and netquant may still run it; exports are checked)."""
 
 
-def _warn_if_unchecked(model: str | os.PathLike[str] | bytes | onnx.ModelProto, source: str) -> None:
-    """onnx.checker on the input is advice, not a gate: models ORT runs load (the export stays checked)."""
+def _warn_if_unchecked(model: onnx.ModelProto, source: str) -> None:
+    """onnx.checker on the input's structure is advice, not a gate: models ORT runs load (the export stays checked).
+    graph.checker.check_structure: the weights' payloads are not serialized again (the loader read them)."""
     try:
-        if isinstance(model, bytes):
-            onnx.checker.check_model(onnx.load_from_string(model))
-        else:
-            onnx.checker.check_model(model if isinstance(model, onnx.ModelProto) else str(model))
+        check_structure(model)
     except Exception as exc:  # noqa: BLE001 - checker failures of any kind are reported, not raised
         first = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         warnings.warn(ModelCheckWarning(f"{source}: onnx.checker reports '{first}'; quantizing anyway (the exported "
@@ -53,29 +52,31 @@ def _warn_if_unchecked(model: str | os.PathLike[str] | bytes | onnx.ModelProto, 
 
 
 def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
-    graph, source = _load_graph(model)
-    if not isinstance(model, Graph):
-        _warn_if_unchecked(model, source)
+    read: list[onnx.ModelProto] = []
+    graph, source = _load_graph(model, read.append)
+    if read:  # (a Graph given: no ONNX file to advise on)
+        _warn_if_unchecked(read[0], source)
     return graph, source
 
 
-def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph,
+                on_proto: Callable[[onnx.ModelProto], None] | None = None) -> tuple[Graph, str]:
     """The graph to quantize; inputs naming an initializer are plain initializers (constants, as onnxruntime runs them
-    when not fed), so calibration and the exported file agree."""
+    when not fed), so calibration and the exported file agree. on_proto: see graph.load.load_onnx."""
     if isinstance(model, Graph):
         graph = model.copy()
         graph.initializer_inputs = []
         return graph, model.name
     if isinstance(model, onnx.ModelProto):
-        return load_onnx(model, overridable_inputs=False), model.graph.name
+        return load_onnx(model, overridable_inputs=False, on_proto=on_proto), model.graph.name
     if isinstance(model, bytes):
-        graph = load_onnx(model, overridable_inputs=False)
+        graph = load_onnx(model, overridable_inputs=False, on_proto=on_proto)
         return graph, graph.name
     if isinstance(model, (str, os.PathLike)):
         path = Path(model)
         if not path.exists():
             raise ModelError(f"model file '{path}' does not exist")
-        return load_onnx(str(path), overridable_inputs=False), str(path)
+        return load_onnx(str(path), overridable_inputs=False, on_proto=on_proto), str(path)
     raise ModelError(f"model must be a path, serialized ONNX bytes, an onnx.ModelProto or a netquant Graph, got "
                      f"{type(model).__name__}")
 

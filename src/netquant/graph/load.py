@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import onnx
@@ -156,7 +157,7 @@ def _check_external_files(model: onnx.ModelProto, path: Path, where: str) -> Non
 
 
 def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True,
-              overridable_inputs: bool = True) -> Graph:
+              overridable_inputs: bool = True, on_proto: Callable[[onnx.ModelProto], None] | None = None) -> Graph:
     """Load an ONNX model (path, bytes or ModelProto) into a Graph.
 
     ModelError on a missing / malformed file, a model without graph, a node reading an undefined value
@@ -165,6 +166,8 @@ def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_d
     overridable_inputs: keep graph inputs that name an initializer (IR >= 4, e.g. torch.onnx.export(...,
     keep_initializers_as_inputs=True)) as inputs a caller may feed (Graph.initializer_inputs, saved back); False:
     plain initializers, as onnxruntime runs them when they are not fed (quantization: the weights are constants).
+    on_proto: called with the ModelProto as read once the graph has loaded (a caller's own check of it, without
+    reading the file again).
     """
     model, where = _read_model(source, load_external_data)
     if not model.HasField("graph"):
@@ -190,4 +193,6 @@ def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_d
                 v = value_from_proto(vi)
                 if vi.name not in graph.value_info or graph.value_info[vi.name].shape is None:
                     graph.value_info[vi.name] = v
+    if on_proto is not None:
+        on_proto(model)
     return graph

@@ -8,7 +8,8 @@ import tempfile
 import warnings
 
 import onnx
-from google.protobuf.message import Message
+
+from netquant.graph.checker import copy_fields
 
 _PROTO_LIMIT = 2**31 - 2**20  # protobuf's 2 GiB limit, with headroom
 _STRIP_BYTES = 4096  # float initializers' payloads at least this large are left out of in-memory inference
@@ -27,8 +28,8 @@ def _without_float_payloads(model: onnx.ModelProto) -> onnx.ModelProto | None:
     if not big:
         return None
     light = onnx.ModelProto()
-    _copy_fields(model, light, skip="graph")
-    _copy_fields(graph, light.graph, skip="initializer")
+    copy_fields(model, light, skip="graph")
+    copy_fields(graph, light.graph, skip="initializer")
     stripped = set(big)
     for i, t in enumerate(graph.initializer):
         if i in stripped:
@@ -36,19 +37,6 @@ def _without_float_payloads(model: onnx.ModelProto) -> onnx.ModelProto | None:
         else:
             light.graph.initializer.add().CopyFrom(t)
     return light
-
-
-def _copy_fields(src: Message, dst: Message, skip: str) -> None:
-    """Every set field of `src` but `skip` into `dst` (same message type)."""
-    for desc, value in src.ListFields():
-        if desc.name == skip:
-            continue
-        if desc.is_repeated:
-            getattr(dst, desc.name).extend(value)
-        elif desc.message_type is not None:
-            getattr(dst, desc.name).CopyFrom(value)
-        else:
-            setattr(dst, desc.name, value)
 
 
 def infer_model_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:
