@@ -14,22 +14,10 @@ import math
 
 import numpy as np
 import onnx
-from google.protobuf.message import Message
+
+from netquant.graph.light import with_initializers
 
 STRUCTURE_BYTES = 4096  # initializers with at least this many bytes of payload are reduced to one element
-
-
-def copy_fields(src: Message, dst: Message, skip: str) -> None:
-    """Every set field of `src` but `skip` into `dst` (same message type)."""
-    for desc, value in src.ListFields():
-        if desc.name == skip:
-            continue
-        if desc.is_repeated:
-            getattr(dst, desc.name).extend(value)
-        elif desc.message_type is not None:
-            getattr(dst, desc.name).CopyFrom(value)
-        else:
-            setattr(dst, desc.name, value)
 
 
 def _one_element(t: onnx.TensorProto) -> onnx.TensorProto:
@@ -53,15 +41,8 @@ def _large(t: onnx.TensorProto) -> bool:
 def structural_copy(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of `model` whose main-graph initializers of STRUCTURE_BYTES or more (and external ones) are one element
     of their type (module docstring); `model` itself when it has none."""
-    inits = model.graph.initializer
-    if not any(_large(t) for t in inits):
-        return model
-    light = onnx.ModelProto()
-    copy_fields(model, light, skip="graph")
-    copy_fields(model.graph, light.graph, skip="initializer")
-    for t in inits:
-        light.graph.initializer.append(_one_element(t) if _large(t) else t)
-    return light
+    light = with_initializers(model, lambda t: _one_element(t) if _large(t) else None)
+    return model if light is None else light
 
 
 def check_structure(model: onnx.ModelProto) -> None:

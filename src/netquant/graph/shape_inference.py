@@ -9,7 +9,7 @@ import warnings
 
 import onnx
 
-from netquant.graph.checker import copy_fields
+from netquant.graph.light import with_initializers
 
 _PROTO_LIMIT = 2**31 - 2**20  # protobuf's 2 GiB limit, with headroom
 _STRIP_BYTES = 4096  # float initializers' payloads at least this large are left out of in-memory inference
@@ -22,21 +22,13 @@ def _without_float_payloads(model: onnx.ModelProto) -> onnx.ModelProto | None:
     (None where there is none to strip). Their values decide no shape: onnx's data propagation reads integer
     tensors (shapes, indices, axes), and every integer or small initializer is kept whole. Serializing, copying and
     inferring then skip the weights (a transformer's hundreds of MB)."""
-    graph = model.graph
-    big = [i for i, t in enumerate(graph.initializer) if t.data_type in _FLOAT_SIZES and t.data_location !=
-           onnx.TensorProto.EXTERNAL and math.prod(t.dims) * _FLOAT_SIZES[t.data_type] >= _STRIP_BYTES]
-    if not big:
+    def stripped(t: onnx.TensorProto) -> onnx.TensorProto | None:
+        if t.data_type in _FLOAT_SIZES and t.data_location != onnx.TensorProto.EXTERNAL and \
+                math.prod(t.dims) * _FLOAT_SIZES[t.data_type] >= _STRIP_BYTES:
+            return onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims)
         return None
-    light = onnx.ModelProto()
-    copy_fields(model, light, skip="graph")
-    copy_fields(graph, light.graph, skip="initializer")
-    stripped = set(big)
-    for i, t in enumerate(graph.initializer):
-        if i in stripped:
-            light.graph.initializer.add(name=t.name, data_type=t.data_type, dims=t.dims)
-        else:
-            light.graph.initializer.add().CopyFrom(t)
-    return light
+
+    return with_initializers(model, stripped)
 
 
 def infer_model_shapes(model: onnx.ModelProto) -> onnx.ModelProto | None:

@@ -279,23 +279,22 @@ class CalibrationPass(PassBase):
         use_flat = ctx.settings.flat_ranges
         bits = ctx.settings.range_bits
         budget = ctx.settings.calib_stack_mb
-        graph_inputs = [(v.name, v.shape) for v in graph.inputs if v.name not in graph.initializers]
-        blocker = ("calib_stack_mb is off" if not budget else
-                   "range_bits=None asks for exact ranges, and a stacked MatMul may sum in another order (last bit)"
-                   if ctx.settings.range_bits is None else stack_blocker(graph_inputs, (o for _, o in observed)))
-        probe = Extrema()  # extrema of the first batches run one by one, for the stacking check
-        feeding = True  # False: the stacking check's extra run, which the observers must not see
-        probing: list[Extrema] = [probe] if blocker is None else []
         engine = CalibEngine.parse(ctx.settings.calib_engine)
         top_level = {v.name for v in graph.inputs} | {o for n in graph.nodes for o in n.outputs if o}
         tensors = list(dict.fromkeys(tensor_of[id(c)] for c, _ in observed))
         ort_why = "calib_engine is 'executor'" if engine is CalibEngine.EXECUTOR else ort_blocker(
             [o for _, o in observed], tensors, top_level, ctx.settings.device, ctx.settings.range_bits,
             ctx.calib_data.num_batches is not None, ctx.settings.distributed)
-        if engine is CalibEngine.ONNXRUNTIME and ort_why is None and blocker is None:
-            # asked for by name: onnxruntime runs the batches as given (stacked executor runs would leave it unused)
-            blocker = "calib_engine is 'onnxruntime': it runs the batches as given"
-            probing.clear()
+        graph_inputs = [(v.name, v.shape) for v in graph.inputs if v.name not in graph.initializers]
+        blocker = ("calib_stack_mb is off" if not budget else
+                   "range_bits=None asks for exact ranges, and a stacked MatMul may sum in another order (last bit)"
+                   if ctx.settings.range_bits is None else stack_blocker(graph_inputs, (o for _, o in observed))
+                   # asked for by name: onnxruntime runs the batches as given (stacked executor runs leave it unused)
+                   or ("calib_engine is 'onnxruntime': it runs the batches as given"
+                       if engine is CalibEngine.ONNXRUNTIME and ort_why is None else None))
+        probe = Extrema()  # extrema of the first batches run one by one, for the stacking check
+        feeding = True  # False: the stacking check's extra run, which the observers must not see
+        probing: list[Extrema] = [probe] if blocker is None else []
         floors = value_floors(graph, lambda n: clip_bounds(graph_index, n)[0], graph_index.constant,
                               lambda n: clip_bounds(graph_index, n)[1]) if ort_why is None else {}
         # the executor's extrema and run times over the first batches (onnxruntime's check), its first run's tensors
