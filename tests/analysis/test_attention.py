@@ -180,7 +180,7 @@ def test_extra_outputs_appended_as_bytes_parse_to_the_model_with_those_outputs(b
     import numpy as np
     import onnxruntime as ort
 
-    from netquant.analysis.attention import with_outputs
+    from netquant.graph.light import with_outputs
 
     model = onnx.load(str(bert))
     names = [model.graph.node[3].output[0], model.graph.node[7].output[0]]

@@ -180,3 +180,21 @@ def _check_trt_cache(path: Path, data: dict) -> None:
         assert rec["tensor"] == tensor
         assert scales[tensor] == pytest.approx(symmetric_int8_scale(rec["scale"], rec["zero_point"], 0, 255),
                                               rel=1e-6), tensor
+
+
+def test_a_dropped_quantized_model_is_freed_without_garbage_collection(tmp_path: Path) -> None:
+    """quantize + export, then the caller drops the model: its graph and weights go at once (reference counting), so
+    a second quantization in the same process does not run beside the first one's memory until a collection."""
+    import gc
+    import weakref
+
+    gc.collect()
+    gc.disable()
+    try:
+        qm = quantize_onnx(conv_relu_gemm(), calib_batches((2, 3, 8, 8), 4), quiet=True)
+        qm.export(tmp_path / "m.onnx")
+        graph, weights = weakref.ref(qm.qgraph), weakref.ref(next(iter(qm.qgraph.graph.initializers.values())))
+        del qm
+        assert graph() is None and weights() is None
+    finally:
+        gc.enable()

@@ -420,3 +420,39 @@ def test_cuda_unavailable_is_a_config_error() -> None:
 
     with pytest.raises(ConfigError, match="CUDA is not available"):
         Executor(load_onnx(conv_model()), "cuda")
+
+
+def test_hook_handles_form_no_cycle_and_remove_their_hook() -> None:
+    """An object holding the handles of its own methods' hooks (QuantizedGraph's fake-quant hooks) is freed by
+    reference counting once nothing else holds it: no garbage collection needed for the memory it holds."""
+
+    class Hooks:
+        def __init__(self, ex: Executor) -> None:
+            self.calls = 0
+            self.handles = [ex.add_pre_hook(self.pre), ex.add_post_hook(self.post)]
+
+        def pre(self, node, inputs):
+            self.calls += 1
+
+        def post(self, node, outputs):
+            self.calls += 1
+
+    ex = Executor(load_onnx(conv_model()))
+    hooks = Hooks(ex)
+    with torch.no_grad():
+        plain = ex.run([X])["y"]
+    assert hooks.calls == 2 * len(ex.graph.nodes)
+    for handle in hooks.handles:
+        handle.remove()
+    with torch.no_grad():
+        again = ex.run([X])["y"]
+    assert hooks.calls == 2 * len(ex.graph.nodes) and torch.equal(again, plain)
+    gc.disable()
+    try:
+        hooks = Hooks(ex)
+        gone = weakref.ref(hooks)
+        del hooks
+        ex = None  # the executor (and its hook lists) dropped: nothing but a cycle could keep Hooks alive
+        assert gone() is None
+    finally:
+        gc.enable()

@@ -85,6 +85,9 @@ def test_external_data_round_trip(tmp_path) -> None:
     assert os.path.getsize(path) < 1000
     back = load_onnx(path)
     assert torch.equal(back.initializers["w"], graph.initializers["w"])
+    # the files it was read from, for the no-overwrite check (api: the model is not parsed again for them)
+    assert back.model_info.data_files == [os.path.abspath(tmp_path / "ext" / "model.onnx.data")]
+    assert load_onnx(model).model_info.data_files == []
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     np.testing.assert_allclose(Executor(back).run([x])["y"].numpy(), ort_run(str(path), {"x": x})[0], rtol=1e-6)
     with torch.no_grad():

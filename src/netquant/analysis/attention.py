@@ -39,6 +39,7 @@ from netquant.export.attention import (
     per_token_dynamic,
     tensors_to_range,
 )
+from netquant.graph.light import ort_session
 
 MASK_FLOOR = -1e4
 FASTER_SHARE = 0.03  # an int8 kind must run 3% faster than the current file (wall clock noise is 1-2%)
@@ -113,15 +114,6 @@ def rewrite_from_dict(data: Any, where: str) -> AttentionRewrite | None:
         raise ConfigError(f"{where}: measured.attention.rewrite is malformed ({exc}); measure again") from exc
 
 
-def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> bytes:
-    """The serialized `model` with float graph outputs `names` appended, without copying the proto: protobuf parses
-    concatenated messages as one, merged (repeated fields appended), so the extra outputs are a second, small
-    ModelProto's bytes after the model's."""
-    extra = onnx.ModelProto()
-    extra.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
-    return model.SerializeToString() + (extra.SerializeToString() if names else b"")
-
-
 def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
                       batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
     """(min, max) of each float tensor in `names` over `batches`, run in onnxruntime on the FP32 graph (module
@@ -134,8 +126,7 @@ def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
-    sess = ort.InferenceSession(with_outputs(fp32, [n for n in wanted if n not in have]), so,
-                                providers=["CPUExecutionProvider"])
+    sess = ort_session(fp32, so, outputs=[n for n in wanted if n not in have])
     outs = [o.name for o in sess.get_outputs()]
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
@@ -190,7 +181,7 @@ def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]]
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
         so.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort_session(model, so)
     return np.concatenate([np.asarray(o, np.float64).ravel() for b in batches for o in sess.run(None, dict(b))])
 
 

@@ -36,7 +36,9 @@ import onnx
 
 from netquant.analysis.timing import interleaved_ms
 from netquant.errors import ExportError
+from netquant.export.ort_kernels import save_optimized_graph
 from netquant.graph import Graph
+from netquant.graph.light import ort_session
 
 _SUFFIX = re.compile(r"(_token_\d+|/duplicated)+$")
 _INIT_SUFFIXES = ("_quantized_zero_point", "_quantized_scale", "_quantized", "_zero_point", "_scale")
@@ -79,10 +81,7 @@ def profile_onnx(model: onnx.ModelProto | str | os.PathLike[str], feeds: Mapping
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
-        so.optimized_model_filepath = str(Path(tmp) / "optimized.onnx")
-        # its weights in a side file: only the graph (names, op types, wiring) is read back, not hundreds of MB
-        so.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
-        so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        save_optimized_graph(so, Path(tmp) / "optimized.onnx")  # only its graph is read back, not its weights
         so.enable_profiling = True
         so.profile_file_prefix = str(Path(tmp) / "profile")
         try:
@@ -120,7 +119,7 @@ def cpu_session(model: onnx.ModelProto, threads: int = 1) -> Any:
     so.inter_op_num_threads = 1
     so.log_severity_level = 3
     try:
-        return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        return ort_session(model, so)
     except Exception as exc:
         raise ExportError(f"onnxruntime cannot load the model to time it: {exc}") from exc
 

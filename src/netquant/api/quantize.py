@@ -21,7 +21,7 @@ from netquant.errors import ConfigError, ExportError, ModelError, UnsupportedOpE
 from netquant.graph import Graph, load_onnx, to_onnx
 from netquant.graph.checker import check_structure
 from netquant.nn.export import EXPORT_OPSET, torch_to_onnx
-from netquant.outputs import absolute, model_files
+from netquant.outputs import absolute
 from netquant.passes.base import PassBase
 from netquant.passes.distributed import current_shard
 from netquant.passes.progress import make_progress
@@ -179,7 +179,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     graph, source = _load(model)
     _check_float32(graph, source)
     _check_weights(graph, source)
-    read_files = _read_files(model, calib_data, s)  # before a calibration path becomes batches
+    read_files = _read_files(model, graph, calib_data, s)  # before a calibration path becomes batches
     if isinstance(calib_data, (str, os.PathLike)):  # an image folder, .npy / .npz file(s) or 'random', as the CLI's
         calib_data = load_path_calibration(calib_data, graph_inputs(graph), s.batch_size, **path_options)
     elif path_options:
@@ -242,10 +242,11 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     return qmodel
 
 
-def _read_files(model: Any, calib_data: Any, s: QuantSettings) -> list[Path]:
+def _read_files(model: Any, graph: Graph, calib_data: Any, s: QuantSettings) -> list[Path]:
     """The files this run read (absolute: the user may chdir before exporting): the model and its external
-    data, a calibration file or folder given by path, the placement file."""
-    files = model_files(model) if isinstance(model, (str, os.PathLike)) else []
+    data (as the loader read them: the model is not parsed again), a calibration file or folder given by path, the
+    placement file."""
+    files = [Path(model), *map(Path, graph.model_info.data_files)] if isinstance(model, (str, os.PathLike)) else []
     if isinstance(calib_data, (str, os.PathLike)):
         files += calibration_files(calib_data)
     if s.placement_from is not None:

@@ -17,6 +17,8 @@ from collections.abc import Iterable
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from netquant.graph.light import remove_where
+
 
 def _init_dims(graph: onnx.GraphProto) -> dict[str, list[int]]:
     return {t.name: list(t.dims) for t in graph.initializer}
@@ -98,8 +100,5 @@ def make_dynamic(model: onnx.ModelProto, matmuls: Iterable[str]) -> list[str]:
     del graph.node[:]
     graph.node.extend(out)
     used = {i for n in out for i in n.input}
-    keep = [t for t in graph.initializer if t.name in used or t.name in outputs]
-    if len(keep) != len(graph.initializer):
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+    remove_where(graph.initializer, lambda t: t.name not in used and t.name not in outputs)
     return done

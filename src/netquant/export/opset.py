@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import onnx
 from onnx import version_converter
 
 from netquant.errors import ExportError
+from netquant.graph.checker import check_structure
+from netquant.graph.light import ort_session, without_initializers
 from netquant.platforms.threads import apply_to_session_options
 
 
@@ -142,28 +142,6 @@ def model_bytes(model: onnx.ModelProto) -> int:
     return without_initializers(model).ByteSize() + sum(tensor_bytes(t) + len(t.name) + 16 for t in model.graph.initializer)
 
 
-def without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with every field but the top-level initializers (no copy of the weights)."""
-    out = onnx.ModelProto()
-    copy_fields(model, out, skip="graph")
-    copy_fields(model.graph, out.graph, skip="initializer")
-    return out
-
-
-def copy_fields(src: Any, dst: Any, skip: str) -> None:
-    """Every set field of protobuf message `src` but `skip` into `dst`."""
-    for fd, value in src.ListFields():
-        if fd.name == skip:
-            continue
-        repeated = fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED  # protobuf < 5.28
-        if repeated:
-            getattr(dst, fd.name).extend(value)
-        elif fd.message_type is not None:
-            getattr(dst, fd.name).CopyFrom(value)
-        else:
-            setattr(dst, fd.name, value)
-
-
 def check_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: dict[str, np.ndarray],
                        what: str, rtol: float = 1e-4, atol: float = 1e-5) -> None:
     """Run both models in onnxruntime on `feeds`; ExportError naming the output if any differs."""
@@ -173,7 +151,7 @@ def check_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: d
         so = ort.SessionOptions()
         apply_to_session_options(so)  # the thread_scope's threads, if any
         so.log_severity_level = 3
-        sess = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+        sess = ort_session(model, so)
         names = {i.name for i in sess.get_inputs()}
         return sess.run(None, {k: v for k, v in feeds.items() if k in names})
 
@@ -189,7 +167,8 @@ def check_same_outputs(before: onnx.ModelProto, after: onnx.ModelProto, feeds: d
 
 
 def lower_ir_version(model: onnx.ModelProto) -> None:
-    """Set ir_version to the lowest the model's opsets need, if the checker still accepts it.
+    """Set ir_version to the lowest the model's opsets need, if the checker still accepts it (on the model's
+    structure: graph.checker, no serialization of the weights).
 
     Engines refuse IR versions newer than they know (onnxruntime 1.31 stops at 13, while onnx 1.23's
     make_model writes 14), and a QDQ model needs no more than its opsets do.
@@ -200,6 +179,6 @@ def lower_ir_version(model: onnx.ModelProto) -> None:
     original = model.ir_version
     model.ir_version = need
     try:
-        onnx.checker.check_model(model)
+        check_structure(model)
     except onnx.checker.ValidationError:
         model.ir_version = original

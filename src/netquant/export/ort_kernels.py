@@ -11,6 +11,7 @@ import os
 import tempfile
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import onnx
 
@@ -27,6 +28,15 @@ INT8_KERNEL_OPS = frozenset({
 })
 
 
+def save_optimized_graph(so: Any, path: str | os.PathLike[str]) -> None:
+    """Have onnxruntime write the graph it runs to `path` (SessionOptions `so`), its weights in a side file beside it:
+    reading that graph back (names, op types, wiring) then parses no weights (BERT-base: 110 MB less to read)."""
+    so.optimized_model_filepath = str(path)
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                f"{Path(path).name}.data")
+    so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+
+
 def ort_optimized_op_types(path: str | os.PathLike[str], level: str = "all") -> Counter[str]:
     """Op-type counts of the graph onnxruntime (CPU EP) runs after optimizing the model at `path`."""
     import onnxruntime as ort
@@ -39,7 +49,7 @@ def ort_optimized_op_types(path: str | os.PathLike[str], level: str = "all") -> 
         so = ort.SessionOptions()
         apply_to_session_options(so)  # the thread_scope's threads, if any
         so.graph_optimization_level = levels[level]
-        so.optimized_model_filepath = str(out)
+        save_optimized_graph(so, out)
         so.log_severity_level = 3
         try:
             ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])

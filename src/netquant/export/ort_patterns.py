@@ -20,6 +20,7 @@ import onnx
 from onnx import helper
 
 from netquant.graph.ir import claim_name
+from netquant.graph.light import remove_where
 
 
 def _initializer_rank1(graph: onnx.GraphProto, name: str) -> onnx.TensorProto | None:
@@ -94,9 +95,8 @@ def keep_qdq_matmul_bias_apart(model: onnx.ModelProto, rank_of: Callable[[str], 
             copies[(bias.name, rank)] = name
         changed += 1
     if changed:  # value_info of a reshaped bias (if any) no longer holds
-        keep = [v for v in graph.value_info if v.name not in {t.name for t in graph.initializer}]
-        del graph.value_info[:]
-        graph.value_info.extend(keep)
+        stored = {t.name for t in graph.initializer}
+        remove_where(graph.value_info, lambda v: v.name in stored)
     return changed
 
 
@@ -201,9 +201,7 @@ def gather_int8_rows(model: onnx.ModelProto) -> int:
     outputs = {o.name for o in graph.output}
     nodes = _splice(graph, replaced, readers)
     used = {i for n in nodes for i in n.input}
-    keep = [t for t in graph.initializer if t.name in used or t.name in outputs]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    remove_where(graph.initializer, lambda t: t.name not in used and t.name not in outputs)
     return len(replaced)
 
 
@@ -238,9 +236,7 @@ def drop_zero_weight_zero_points(model: onnx.ModelProto, rank_of: Callable[[str]
         dropped += 1
     if dropped:
         used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-        keep = [t for t in graph.initializer if t.name in used]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+        remove_where(graph.initializer, lambda t: t.name not in used)
     return dropped
 
 
@@ -286,9 +282,7 @@ def q_attention(model: onnx.ModelProto) -> int:
         return 0
     nodes = _splice(graph, {k: [v] for k, v in replaced.items()}, readers)
     used = {i for n in nodes for i in n.input} | {o.name for o in graph.output}
-    keep = [t for t in graph.initializer if t.name in used or t.name not in dropped]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    remove_where(graph.initializer, lambda t: t.name not in used and t.name in dropped)
     return len(replaced)
 
 

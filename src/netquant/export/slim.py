@@ -17,6 +17,8 @@ import hashlib
 
 import onnx
 
+from netquant.graph.light import remove_where
+
 
 def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     out: list[onnx.GraphProto] = []
@@ -100,23 +102,13 @@ def share_equal_initializers(model: onnx.ModelProto) -> int:
             first[key] = t.name
     if not rename:
         return 0
-    freed = 0
     for node in graph.node:
         for k, name in enumerate(node.input):
             if name in rename:
                 node.input[k] = rename[name]
-    keep = []
-    for t in graph.initializer:
-        if t.name in rename:
-            freed += t.ByteSize()
-        else:
-            keep.append(t)
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-    drop = set(rename)
-    keep_vi = [v for v in graph.value_info if v.name not in drop]
-    del graph.value_info[:]
-    graph.value_info.extend(keep_vi)
+    freed = sum(t.ByteSize() for t in graph.initializer if t.name in rename)
+    remove_where(graph.initializer, lambda t: t.name in rename)
+    remove_where(graph.value_info, lambda v: v.name in rename)
     return freed
 
 

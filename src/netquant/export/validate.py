@@ -14,6 +14,7 @@ import torch
 
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
+from netquant.export.ort_kernels import save_optimized_graph
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.threads import apply_to_session_options
 
@@ -101,7 +102,7 @@ def ort_session(path_or_bytes: Any, where: str, optimized: bool = True, save_opt
     apply_to_session_options(so)  # the thread_scope's threads, if any
     so.log_severity_level = 3
     if save_optimized is not None:
-        so.optimized_model_filepath = save_optimized
+        save_optimized_graph(so, save_optimized)
     if not optimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:

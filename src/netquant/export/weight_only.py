@@ -30,6 +30,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.core.blockwise import BlockQuantized, BlockSpec, WeightOnlyFormat, pack_codes
 from netquant.errors import ExportError
+from netquant.graph.light import remove_where
 from netquant.graph.weights import EmbeddingGather, ExternalDataReader, WeightMatMul, consumers_of
 from netquant.platforms.threads import apply_to_session_options
 
@@ -462,9 +463,7 @@ def dq_weights_to_matmulnbits(model: onnx.ModelProto, accuracy_level: int = 0) -
         dropped.update(w.dq.input)
     if found:
         used = _used_names(graph) | outputs
-        keep = [t for t in graph.initializer if t.name not in dropped or t.name in used]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+        remove_where(graph.initializer, lambda t: t.name in dropped and t.name not in used)
         ensure_opsets(model, WeightOnlyFormat.MATMUL_NBITS)
     return len(found)
 

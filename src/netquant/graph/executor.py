@@ -9,7 +9,9 @@ initializers, e.g. ConstantOfShape weights) are evaluated once at construction.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -65,14 +67,21 @@ def _inline_local_functions(graph: Graph) -> Graph:
 
 
 class Handle:
-    """Returned by add_*_hook; remove() detaches the hook."""
+    """Returned by add_*_hook; remove() detaches the hook. It holds the executor and a hook that is a bound method
+    weakly: an object keeping the handles of its own methods' hooks forms no reference cycle, so what it holds (a
+    quantized graph and its weights) is freed when its last user drops it, not at the next garbage collection."""
 
-    def __init__(self, hooks: list[Any], fn: Any) -> None:
-        self._hooks, self._fn = hooks, fn
+    def __init__(self, executor: Executor, post: bool, fn: Any) -> None:
+        self._executor = weakref.ref(executor)
+        self._post = post
+        self._fn: Callable[[], Any] = weakref.WeakMethod(fn) if inspect.ismethod(fn) else lambda: fn
 
     def remove(self) -> None:
+        executor, fn = self._executor(), self._fn()
+        if executor is None or fn is None:
+            return
         with contextlib.suppress(ValueError):
-            self._hooks.remove(self._fn)
+            (executor._post_hooks if self._post else executor._pre_hooks).remove(fn)
 
 
 @dataclass
@@ -244,12 +253,12 @@ class Executor:
         """fn(node, inputs) before each op; return replacement inputs or None.  Initializers consumed
         by the op are among its inputs."""
         self._pre_hooks.append(fn)
-        return Handle(self._pre_hooks, fn)
+        return Handle(self, False, fn)
 
     def add_post_hook(self, fn: PostHook) -> Handle:
         """fn(node, outputs) after each op; return replacement outputs or None."""
         self._post_hooks.append(fn)
-        return Handle(self._post_hooks, fn)
+        return Handle(self, True, fn)
 
     # ------------------------------------------------------------------ planning
     def _plan(self, outputs: tuple[str, ...], keep: tuple[str, ...] | bool) -> _Plan:

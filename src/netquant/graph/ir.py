@@ -79,6 +79,8 @@ class ModelInfo:
     # serialized FunctionProto / TrainingInfoProto messages, passed through untouched
     functions: list[bytes] = field(default_factory=list)
     training_info: list[bytes] = field(default_factory=list)
+    # the external-data files the model was read with (absolute paths; empty when read from bytes or a proto)
+    data_files: list[str] = field(default_factory=list)
 
 
 class Graph:

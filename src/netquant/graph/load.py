@@ -107,12 +107,13 @@ def graph_from_proto(gp: onnx.GraphProto, opset_imports: dict[str, int], outer: 
 _NATIVE_TYPES = {t for t in range(1, 21)} | {onnx.TensorProto.FLOAT8E8M0}
 
 
-def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.ModelProto, str]:
+def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.ModelProto, str, list[str]]:
+    """(model, where, the external-data files read with it)."""
     if isinstance(source, onnx.ModelProto):
-        return source, "<ModelProto>"
+        return source, "<ModelProto>", []
     if isinstance(source, bytes):
         try:
-            return onnx.load_from_string(source), "<bytes>"
+            return onnx.load_from_string(source), "<bytes>", []
         except (DecodeError, RuntimeError, ValueError) as exc:
             raise ModelError(f"<bytes>: not a valid ONNX protobuf ({exc})") from exc
     path = Path(source)
@@ -124,26 +125,30 @@ def _read_model(source: ModelSource, load_external_data: bool) -> tuple[onnx.Mod
     except (DecodeError, RuntimeError, ValueError, UnicodeDecodeError) as exc:
         raise ModelError(f"{where}: not a valid ONNX protobuf, the file is truncated or corrupt ({exc}); "
                          f"re-export or re-download it") from exc
+    files: list[str] = []
     if load_external_data:
-        _check_external_files(model, path, where)
+        files = _check_external_files(model, path, where)
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(path.parent))
         except (OSError, ValueError, onnx.checker.ValidationError) as exc:
             raise ModelError(f"{where}: cannot read external tensor data next to the model ({exc}); keep the "
                              f".data file(s) in the same folder as the .onnx file") from exc
-    return model, where
+    return model, where, files
 
 
-def _check_external_files(model: onnx.ModelProto, path: Path, where: str) -> None:
+def _check_external_files(model: onnx.ModelProto, path: Path, where: str) -> list[str]:
     """ModelError naming the tensor and file when an external data file is missing or shorter than a tensor's
-    offset + length says (a truncated copy or download), before onnx reads it."""
+    offset + length says (a truncated copy or download), before onnx reads it; else the files (absolute, in first
+    use order)."""
     from onnx.external_data_helper import ExternalDataInfo, _get_all_tensors, uses_external_data
 
+    files: dict[str, None] = {}
     for t in _get_all_tensors(model):
         if not uses_external_data(t):
             continue
         info = ExternalDataInfo(t)
         file = path.parent / info.location
+        files[os.path.abspath(file)] = None
         if not file.is_file():
             raise ModelError(f"{where}: tensor '{t.name}' is stored in '{file}', which does not exist; keep the "
                              "model's data file(s) in the same folder as the .onnx file, under the names it refers to")
@@ -154,6 +159,7 @@ def _check_external_files(model: onnx.ModelProto, path: Path, where: str) -> Non
             raise ModelError(f"{where}: data file '{file}' holds {size} bytes but tensor '{t.name}' needs bytes "
                              f"{offset}..{need}: the file is truncated (an interrupted copy or download?); copy or "
                              "download it again")
+    return list(files)
 
 
 def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_data: bool = True,
@@ -169,7 +175,7 @@ def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_d
     on_proto: called with the ModelProto as read once the graph has loaded (a caller's own check of it, without
     reading the file again).
     """
-    model, where = _read_model(source, load_external_data)
+    model, where, data_files = _read_model(source, load_external_data)
     if not model.HasField("graph"):
         raise ModelError(f"{where}: the protobuf holds no graph (is this an ONNX model file?)")
     opsets = {("" if o.domain == "ai.onnx" else o.domain): int(o.version) for o in model.opset_import}
@@ -183,7 +189,7 @@ def load_onnx(source: ModelSource, *, infer_shapes: bool = True, load_external_d
                      model_version=model.model_version, doc_string=model.doc_string,
                      metadata_props={p.key: p.value for p in model.metadata_props},
                      functions=[f.SerializeToString() for f in model.functions],
-                     training_info=[t.SerializeToString() for t in model.training_info])
+                     training_info=[t.SerializeToString() for t in model.training_info], data_files=data_files)
     graph.model_info = info
     graph.validate()
     if infer_shapes:

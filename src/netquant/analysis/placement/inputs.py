@@ -17,7 +17,7 @@ def model_hash(qgraph: QuantizedGraph) -> str:
     """sha256 of the cleaned-up FP32 graph as ONNX (what placement decisions refer to): each initializer's header and
     raw bytes in order, then the model without initializers."""
     from netquant.export.onnx_qdq import fp32_onnx
-    from netquant.export.opset import without_initializers
+    from netquant.graph.light import without_initializers
 
     model = fp32_onnx(qgraph)
     digest = hashlib.sha256()
