@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import onnx
 
-from netquant.analysis.profile import wall_clock_ms
+from netquant.analysis.profile import cpu_session, wall_clock_ms
 from netquant.errors import ConfigError
 from netquant.export.attention import (
     AttentionRewrite,
@@ -211,8 +211,16 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     ref = _outputs(reference, batches, reference_session)
     if _past(deadline):
         return _finish(result, start)
+    # one onnxruntime session per model, for its losses and its timings (the current file's across tries)
+    built: dict[int, tuple[onnx.ModelProto, Any]] = {}
+
+    def session(model: onnx.ModelProto) -> Any:
+        if id(model) not in built:
+            built[id(model)] = (model, cpu_session(model, 1))
+        return built[id(model)][1]
+
     cur = base
-    cur_loss = _loss(ref, _outputs(cur, batches))
+    cur_loss = _loss(ref, _outputs(cur, batches, session(cur)))
     if _past(deadline):
         return _finish(result, start)
     result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
@@ -230,12 +238,14 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
             nodes = len(apply_attention(cand, modes, result.ranges))  # cur holds the kinds kept so far
         if nodes <= 0:
             continue
-        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=3, budget_s=1.0)
+        pair = [session(cur), session(cand)]
+        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=3, budget_s=1.0, sessions=pair)
         if ms <= (1.0 - FASTER_SHARE) * cur_ms:  # a win is timed again, the other way round: the slower verdict counts
-            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=3, budget_s=1.0)
+            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=3, budget_s=1.0,
+                                                sessions=pair[::-1])
             if again_ms / again_cur > ms / cur_ms:
                 cur_ms, ms = again_cur, again_ms
-        loss = _loss(ref, _outputs(cand, batches))
+        loss = _loss(ref, _outputs(cand, batches, pair[1]))
         if mode is None:
             kept = loss <= PER_TOKEN_GAIN * cur_loss and ms <= PER_TOKEN_SLOWER * cur_ms
             reason = "more accurate, not slower" if kept else (
@@ -248,7 +258,9 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         result.tries.append(AttentionTry(kind, "per-token dynamic" if mode is None else mode.value, nodes,
                                          cur_ms, ms, cur_loss, loss, kept, reason))
         if not kept:
+            built.pop(id(cand))
             continue
+        built.pop(id(cur))
         skip.add(kind)  # static kept: the dynamic try of that kind is not needed
         if mode is None:
             result.per_token = True

@@ -244,9 +244,11 @@ class MatMulRangesPass(PassBase):
                     if site.errors is None:
                         continue
                     x = x.float().reshape(-1, x.shape[-1])
+                    w2 = site.w2.float()
                     for i, p in enumerate(site.candidates):
-                        d = (fake_quantize(x, p.scale, p.zero_point, site.config.spec) - x).double()
-                        site.errors[i] += float(((d * d).sum(0) * site.w2).sum())
+                        # per row sum_k w2_k d_k^2 (float32, one matrix-vector product), the rows summed in float64
+                        d = fake_quantize(x, p.scale, p.zero_point, site.config.spec).sub_(x)
+                        site.errors[i] += float(torch.mv(d.square_(), w2).double().sum())
         for site in sites:
             if site.errors is None:
                 continue
