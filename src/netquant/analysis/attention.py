@@ -239,10 +239,11 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         if nodes <= 0:
             continue
         pair = [session(cur), session(cand)]
-        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=3, budget_s=1.0, sessions=pair)
+        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=3, budget_s=1.0, sessions=pair,
+                                   settled=lambda m: _clear(m[0], m[1]))
         if ms <= (1.0 - FASTER_SHARE) * cur_ms:  # a win is timed again, the other way round: the slower verdict counts
             again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=3, budget_s=1.0,
-                                                sessions=pair[::-1])
+                                                sessions=pair[::-1], settled=lambda m: _clear(m[1], m[0]))
             if again_ms / again_cur > ms / cur_ms:
                 cur_ms, ms = again_cur, again_ms
         loss = _loss(ref, _outputs(cand, batches, pair[1]))
@@ -271,6 +272,12 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
                 result.needed.update(tensors_to_range(base, chosen))
         cur, cur_loss = cand, loss
     return _finish(result, start)
+
+
+def _clear(cur_ms: float, ms: float) -> bool:
+    """A try's timing so far leaves no doubt: the candidate is no faster at all, or faster by twice FASTER_SHARE
+    (wall_clock_ms stops after its minimum rounds then)."""
+    return ms >= cur_ms or ms <= (1.0 - 2 * FASTER_SHARE) * cur_ms
 
 
 def _past(deadline: float | None) -> bool:

@@ -339,7 +339,8 @@ def _pair_limited_scale_any(x: torch.Tensor, scale: torch.Tensor, zero_point: to
     return best
 
 
-_SEARCH_BLOCK_ELEMS = 1 << 18  # steps x rows x K evaluated at once: cache-sized blocks, bounded memory
+_SEARCH_BLOCK_ELEMS = 1 << 20  # steps x rows x K evaluated at once (4 MB a buffer): bounded memory, and few enough
+# blocks that the per-block op overhead stays small (BERT-base: 1 << 18 took 2x as long, the same scales)
 SAMPLED_SEARCH_PAIRS = 2048  # rows of this many pairs or more (K >= 4096) are searched in two stages ...
 SAMPLE_PAIRS = 512  # ... every step estimated on about this many evenly strided pairs per row, then ...
 VERIFIED_STEPS = 3  # ... the best this many steps of each channel exact, on every pair
