@@ -398,9 +398,13 @@ def render_rows(title: str, rows: list[Row], metric_name: str, batches: list[int
                   "|---|---|---|---|---|---|---|---|---|"]
         for t in att["tries"]:
             lines.append(f"| {t['kind']} | {t['mode']} | {t['nodes']} | {t['current_ms']:.2f} | {t['ms']:.2f} | "
-                         f"{t['current_loss']:.3g} | {t['loss']:.3g} | {'yes' if t['kept'] else 'no'} | "
+                         f"{_loss_cell(t['current_loss'])} | {_loss_cell(t['loss'])} | {'yes' if t['kept'] else 'no'} | "
                          f"{t['reason']} |")
     return lines + [""]
+
+
+def _loss_cell(loss: float | None) -> str:
+    return "-" if loss is None else f"{loss:.3g}"
 
 
 def attention_study(src: Path, calib: list[dict], timing: dict[int, dict]) -> list[str]:
@@ -420,7 +424,7 @@ def attention_study(src: Path, calib: list[dict], timing: dict[int, dict]) -> li
              "| batch | kind | mode | nodes | current ms | try ms | current loss | try loss | kept | why |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for batch, feeds in timing.items():
-        result = choose_attention(base, onnx.load(str(src)), fp32, feeds, calib[:4])
+        result = choose_attention(base, onnx.load(str(src)), fp32, feeds, calib[:4], all_losses=True)
         for t in result.tries:
             lines.append(f"| {batch} | {t.kind} | {t.mode} | {t.nodes} | {t.current_ms:.2f} | {t.ms:.2f} | "
                          f"{t.current_loss:.3g} | {t.loss:.3g} | {'yes' if t.kept else 'no'} | {t.reason} |")

@@ -36,15 +36,23 @@ def test_every_kind_is_tried_and_kept_only_by_the_rule(bert: Path) -> None:
     q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
     base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
     batches = small_bert_batches(2, seed=30)
-    result = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches)
+    result = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches, all_losses=True)
     tried = {t.kind for t in result.tries}
     assert tried == {k.value for k in AttnKind}  # no dynamic MatMul in this file: no per-token try
     for t in result.tries:
-        assert t.ms > 0 and t.current_ms > 0 and t.loss >= 0 and t.nodes > 0
+        assert t.ms > 0 and t.current_ms > 0 and t.nodes > 0
+        assert t.loss is not None and t.current_loss is not None and t.loss >= 0
         rule = (t.loss <= PER_TOKEN_GAIN * t.current_loss and t.ms <= PER_TOKEN_SLOWER * t.current_ms) \
             if t.kind == "per_token" else \
             (t.ms <= (1 - FASTER_SHARE) * t.current_ms and t.loss <= LOSS_GROWTH * t.current_loss + LOSS_FLOOR)
         assert t.kept == rule, t
+    # placement's default: a loss only where the verdict needs it (a try its time rules out records none)
+    lean = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches)
+    for t in lean.tries:
+        faster = t.ms <= PER_TOKEN_SLOWER * t.current_ms if t.kind == "per_token" else \
+            t.ms <= (1 - FASTER_SHARE) * t.current_ms
+        assert (t.loss is not None) == faster and (t.current_loss is not None) == faster, t
+        assert t.kept <= faster
     kept = {t.kind for t in result.tries if t.kept}
     kinds = find_attention_ops(base)
     assert set(result.modes) == {n for n, k in kinds.items() if k.value in kept}

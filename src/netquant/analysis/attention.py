@@ -11,8 +11,9 @@ kept when
 - int8 kinds: it runs FASTER_SHARE faster and its loss is at most LOSS_GROWTH x the current loss + LOSS_FLOOR;
 - per-token: its loss is at most PER_TOKEN_GAIN x the current loss (more accurate) and it is at most
   PER_TOKEN_SLOWER slower.
-Kept tries become the current file; the decisions, with every try's times and losses, are returned
-(AttentionPlacement.as_dict, recorded in the placement file's `measured`).
+Kept tries become the current file; the decisions, with every try's times and losses (a loss is measured only where
+the verdict needs it: a try its time already rules out records None), are returned (AttentionPlacement.as_dict,
+recorded in the placement file's `measured`).
 Static ranges: min / max of each tensor over the calibration batches in the FP32 graph, values at or below MASK_FLOOR
 (additive mask fills: -10000, finfo.min, -inf) left out.
 """
@@ -47,7 +48,7 @@ LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
 PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
 CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
-SETUP_PASSES = 3  # the setup's runs over the loss batches: the ranges (FP32), the reference, the current file
+SETUP_PASSES = 3  # the setup's runs over the loss batches, at most: the ranges (FP32), the reference, the current file
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
     (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
     (AttnKind.CONTEXT, AttnMode.STATIC), (AttnKind.CONTEXT, AttnMode.DYNAMIC),
@@ -63,8 +64,8 @@ class AttentionTry:
     nodes: int
     current_ms: float
     ms: float
-    current_loss: float
-    loss: float
+    current_loss: float | None  # None: not measured, the try's time decided it (choose_attention's all_losses)
+    loss: float | None
     kept: bool
     reason: str
 
@@ -192,12 +193,14 @@ def _loss(a: np.ndarray, b: np.ndarray) -> float:
 
 def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: onnx.ModelProto,
                      feeds: Mapping[str, np.ndarray], batches: Sequence[Mapping[str, np.ndarray]],
-                     deadline: float | None = None, reference_session: Any = None) -> AttentionPlacement:
+                     deadline: float | None = None, reference_session: Any = None,
+                     all_losses: bool = False) -> AttentionPlacement:
     """Measure and decide (module docstring). base: the QDQ export as placed so far (not modified); reference: the
     model whose outputs the losses are measured against (the user's FP32 model); fp32: the graph the ranges are
     calibrated on (its tensor names are the export's); feeds: the timing batch; batches: the loss / range batches.
     Tries past `deadline` (perf_counter) are skipped. reference_session: `reference`'s onnxruntime session (one
-    intra-op thread), where the caller holds one."""
+    intra-op thread), where the caller holds one. Losses are measured where a try's verdict needs them (a static or
+    dynamic kind faster in int8, a per-token try not slower), every try's with all_losses (studies)."""
     start = time.perf_counter()
     result = AttentionPlacement()
     kinds = find_attention_ops(base)
@@ -206,22 +209,26 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         return result
     if not has_dynamic and not any_static_rewrite(base, kinds, fp32):  # no try could start: the setup would be lost
         return _finish(result, start)
-    # the setup, cheapest first; once `deadline` has passed no try can start (each checks it first), so the rest of
-    # the setup is skipped: the same (empty) result as running it all
-    ref = _outputs(reference, batches, reference_session)
-    if _past(deadline):
-        return _finish(result, start)
-    # one onnxruntime session per model, for its losses and its timings (the current file's across tries)
-    built: dict[int, tuple[onnx.ModelProto, Any]] = {}
+    # one onnxruntime session per model, for its timings and (once needed) its loss, the current file's kept across
+    # tries: id(model) -> [model, session, loss or None]
+    built: dict[int, list[Any]] = {}
+    reference_out: list[np.ndarray] = []
 
     def session(model: onnx.ModelProto) -> Any:
         if id(model) not in built:
-            built[id(model)] = (model, cpu_session(model, 1))
+            built[id(model)] = [model, cpu_session(model, 1), None]
         return built[id(model)][1]
 
+    def loss_of(model: onnx.ModelProto) -> float:
+        if not reference_out:
+            reference_out.append(_outputs(reference, batches, reference_session))
+        entry = built[id(model)]
+        if entry[2] is None:
+            entry[2] = _loss(reference_out[0], _outputs(model, batches, entry[1]))
+        return float(entry[2])
+
     cur = base
-    cur_loss = _loss(ref, _outputs(cur, batches, session(cur)))
-    if _past(deadline):
+    if _past(deadline):  # no try could start: the setup (the ranges' session and runs) would be lost
         return _finish(result, start)
     result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
     tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
@@ -246,16 +253,18 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
                                                 sessions=pair[::-1], settled=lambda m: _clear(m[1], m[0]))
             if again_ms / again_cur > ms / cur_ms:
                 cur_ms, ms = again_cur, again_ms
-        loss = _loss(ref, _outputs(cand, batches, pair[1]))
-        if mode is None:
-            kept = loss <= PER_TOKEN_GAIN * cur_loss and ms <= PER_TOKEN_SLOWER * cur_ms
-            reason = "more accurate, not slower" if kept else (
-                "not more accurate" if loss > PER_TOKEN_GAIN * cur_loss else "slower")
+        timed_ok = ms <= PER_TOKEN_SLOWER * cur_ms if mode is None else ms <= (1.0 - FASTER_SHARE) * cur_ms
+        cur_loss, loss = (loss_of(cur), loss_of(cand)) if timed_ok or all_losses else (None, None)
+        if not timed_ok:
+            kept, reason = False, "slower" if mode is None else "not faster"
+        elif mode is None:
+            assert cur_loss is not None and loss is not None
+            kept = loss <= PER_TOKEN_GAIN * cur_loss
+            reason = "more accurate, not slower" if kept else "not more accurate"
         else:
-            fast = ms <= (1.0 - FASTER_SHARE) * cur_ms
-            fine = loss <= LOSS_GROWTH * cur_loss + LOSS_FLOOR
-            kept = fast and fine
-            reason = "faster in int8, as accurate" if kept else ("not faster" if not fast else "less accurate")
+            assert cur_loss is not None and loss is not None
+            kept = loss <= LOSS_GROWTH * cur_loss + LOSS_FLOOR
+            reason = "faster in int8, as accurate" if kept else "less accurate"
         result.tries.append(AttentionTry(kind, "per-token dynamic" if mode is None else mode.value, nodes,
                                          cur_ms, ms, cur_loss, loss, kept, reason))
         if not kept:
