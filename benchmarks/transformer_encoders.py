@@ -14,8 +14,8 @@ onnxruntime thread, every method of a model interleaved round by round (medians)
 FP32 latency / method latency. Cosine on x86 without VNNI: batch 1, each file's onnxruntime-optimized graph on
 netquant's executor with pairwise-int16 accumulation (cosine_without_vnni). Quantization time: quantize (+ export
 with its validation for netquant) wall seconds, every method's Python modules imported before the first is timed
-(warm_imports: no method pays a one-time import), each method run twice in two passes (quantize_all): the second
-run reported, the first beside it.
+(warm_imports: no method pays a one-time import), each method run twice in two passes (quantize_all), each run
+after an untimed garbage collection: the second run reported, the first beside it.
 
     python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
         [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import sys
 import tempfile
@@ -211,8 +212,9 @@ def clear_process_caches() -> None:
 
 def quantize_all(case: Case, work: Path) -> list[Result]:
     """Every method twice, in two passes over the list: the first run of a method in this process and its second
-    (netquant's probe caches cleared). Whichever method goes first in a model pays that model's first touch of
-    memory; the second pass leaves the order out of the times. The second pass's files are the ones measured."""
+    (netquant's probe caches cleared), each after a garbage collection (untimed). Whichever method goes first in a
+    model pays that model's first touch of memory; the second pass leaves the order out of the times. The second
+    pass's files are the ones measured."""
     results = [Result("FP32", case.path, note="source file")]
     for label, _ in methods():
         results.append(Result(label, work / f"{abs(hash((case.name, label)))}.onnx"))
@@ -222,6 +224,7 @@ def quantize_all(case: Case, work: Path) -> list[Result]:
                 continue  # failed in the first pass
             if label.startswith("netquant"):
                 clear_process_caches()
+            gc.collect()  # every method starts from a collected heap: no earlier method's unreachable cycles freed in it
             t = time.perf_counter()
             try:
                 with warnings.catch_warnings():
@@ -320,7 +323,9 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
              "own error (1 - cosine; both in the note). Quantization time: quantize "
              "(+ export with its validation for netquant), every method's modules imported before any is timed, "
              "every method run twice in two passes over the methods (netquant's probe caches cleared before its "
-             "second run): the second run's seconds, the first's in brackets (the first method of a model pays that "
+             "second run), each run after an untimed garbage collection (no method frees an earlier one's "
+             "unreachable objects in its time): the second run's seconds, the first's in brackets (the first method "
+             "of a model pays that "
              "model's first touch of memory). The machine (2 cores) is shared with other jobs: absolute "
              "times are noisy, ratios within one model and batch are the comparable numbers. Weights are random "
              "(seeded): cosine is the metric.", ""]
