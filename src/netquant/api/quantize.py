@@ -51,12 +51,13 @@ def _warn_if_unchecked(model: onnx.ModelProto, source: str) -> None:
                                         "model is checked)"), stacklevel=3)
 
 
-def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str]:
+def _load(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph) -> tuple[Graph, str, onnx.ModelProto | None]:
+    """(graph, where it came from, the ModelProto the loader read: None for a Graph)."""
     read: list[onnx.ModelProto] = []
     graph, source = _load_graph(model, read.append)
     if read:  # (a Graph given: no ONNX file to advise on)
         _warn_if_unchecked(read[0], source)
-    return graph, source
+    return graph, source, read[0] if read else None
 
 
 def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph,
@@ -81,9 +82,13 @@ def _load_graph(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Graph,
                      f"{type(model).__name__}")
 
 
-def _source_onnx(graph: Graph, required: bool) -> onnx.ModelProto | None:
-    """The loaded model as ONNX (placement's speed floor, export's FP32 reference); None where it cannot be written
-    and placement does not need it (export then compares with the cleaned-up graph)."""
+def _source_onnx(graph: Graph, required: bool, read: onnx.ModelProto | None = None) -> onnx.ModelProto | None:
+    """The loaded model as ONNX (placement's speed floor, export's FP32 reference): the ModelProto the loader read
+    where there is one (the user's model itself, not modified; BERT-base: no second 440 MB conversion), else the
+    graph written as ONNX; None where it cannot be written and placement does not need it (export then compares with
+    the cleaned-up graph)."""
+    if read is not None:
+        return read
     if required:
         return to_onnx(graph, check=False)
     try:
@@ -176,7 +181,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
     rank = current_shard().rank if s.distributed else 0
     if rank != 0:  # rank 0 places and writes; the others only calibrate their share
         s = dataclasses.replace(s, objective=None, placement_from=None)
-    graph, source = _load(model)
+    graph, source, read = _load(model)
     _check_float32(graph, source)
     _check_weights(graph, source)
     read_files = _read_files(model, graph, calib_data, s)  # before a calibration path becomes batches
@@ -187,7 +192,7 @@ def _quantize_onnx(model: str | os.PathLike[str] | bytes | onnx.ModelProto | Gra
                           "give calib_data as a folder of images, an .npy / .npz path or 'random'")
     timed = s.objective is not None and s.placement_from is None and s.platform.validation is Validation.ONNXRUNTIME
     # the user's FP32 model: the speed placement must not fall below, and export's FP32 reference (export.fidelity)
-    source_model = _source_onnx(graph, required=timed)
+    source_model = _source_onnx(graph, required=timed, read=read)
     # the platform's wider format (Platform.wider): placement calibrates the same model in it when first needed
     widens = s.platform.wider is not None and (s.objective is not None or s.placement_from is not None)
     twin_graph = copy.deepcopy(graph) if widens and isinstance(model, Graph) else None

@@ -7,12 +7,13 @@ import tempfile
 import time
 import weakref
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import onnx
+import torch
 
 from netquant.atomic import atomic_path
 from netquant.core.int_kernels import Accumulation
@@ -26,6 +27,7 @@ from netquant.export.fidelity import (
 )
 from netquant.export.layer_norm_apart import keep_layer_norms_apart
 from netquant.export.opset import (
+    BIG_INITIALIZER_BYTES,
     ai_onnx_opset,
     check_opset_request,
     check_same_outputs,
@@ -145,19 +147,33 @@ class _Fp32Base:
     copies the skeleton and only the large initializers its model still reads (not the weights it quantizes)."""
 
     key: tuple[Any, ...]  # passes.calibration.graph_state of the graph it was made from
-    fp32: onnx.ModelProto  # the cleaned graph as ONNX, at its own opset
+    fp32: onnx.ModelProto  # the cleaned graph as ONNX, at its own opset (float32 weights: see `pending`)
     skeleton: onnx.ModelProto  # fp32 upgraded to the target opset, without the `big` initializers
     big: list[onnx.TensorProto]  # fp32's large initializers (its own messages), after the skeleton's in order
     source_opset: int
     fp32_bytes: int
     checked: bool  # the upgrade was run against the original on real feeds (or there was none)
+    # the large float32 initializers written as headers only (graph.save.to_onnx's headers_above) and the graph's
+    # tensors to fill them from: a build reads only their headers (it quantizes from the graph's tensors), so their
+    # data is written where a model still holds them (fill): BERT-base's 440 MB are not converted for its builds
+    pending: dict[str, Any] = field(default_factory=dict)
 
     @property
     def upgraded(self) -> bool:
         return ai_onnx_opset(self.skeleton) != self.source_opset
 
+    def fill(self, tensors: Iterable[onnx.TensorProto] | None = None) -> None:
+        """Write the data of the header-only initializers among `tensors` (default: all of `big`), in place."""
+        from netquant.graph.save import fill_initializer
+
+        for t in self.big if tensors is None else tensors:
+            value = self.pending.pop(t.name, None)
+            if value is not None:
+                fill_initializer(t, value)
+
     def whole(self) -> onnx.ModelProto:
         """The upgraded model with every initializer (a copy: for the rare checks that run it)."""
+        self.fill()
         if not self.upgraded:
             return self.fp32
         model = onnx.ModelProto()
@@ -181,7 +197,8 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
     if base is not None and base.key == key and ai_onnx_opset(base.skeleton) >= need and \
             (base.checked or feeds is None):
         return base
-    fp32 = to_onnx(qgraph.graph, check=False)  # the exported model is checked (validate=True), not the source
+    # the exported model is checked (validate=True), not the source; large float32 weights as headers (pending)
+    fp32 = to_onnx(qgraph.graph, check=False, headers_above=BIG_INITIALIZER_BYTES)
     fill_output_shapes(fp32, qgraph.graph)
     if fp32.ir_version < 4:  # IR 3 lists every initializer among the inputs; IR 4 on needs no such copies
         inits = {t.name for t in fp32.graph.initializer}
@@ -192,7 +209,10 @@ def _fp32_base(qgraph: QuantizedGraph, need: int, feeds: dict[str, Any] | None) 
     source = ai_onnx_opset(fp32)
     light, big = split_big_initializers(fp32)
     skeleton = upgrade_light(light, big, max(need, source))
-    base = _Fp32Base(key, fp32, skeleton, big, source, model_bytes(fp32), checked=True)
+    inits = qgraph.graph.initializers
+    pending = {t.name: inits[t.name] for t in big if not t.raw_data and t.data_location != onnx.TensorProto.EXTERNAL
+               and t.data_type == onnx.TensorProto.FLOAT and isinstance(inits.get(t.name), torch.Tensor)}
+    base = _Fp32Base(key, fp32, skeleton, big, source, model_bytes(fp32), checked=True, pending=pending)
     if base.upgraded:
         base.checked = feeds is not None
         if feeds is not None:
@@ -206,6 +226,7 @@ def check_upgrade(qgraph: QuantizedGraph, feeds: dict[str, Any]) -> None:
     """ExportError when the opset upgrade of qgraph's FP32 model (if one was made) changes an output on `feeds`."""
     base = _FP32_BASES.get(qgraph)
     if base is not None and base.upgraded and not base.checked:
+        base.fill()
         check_same_outputs(base.fp32, base.whole(), feeds, f"upgrading '{qgraph.graph.name}' from opset "
                            f"{base.source_opset} to {ai_onnx_opset(base.skeleton)}")
         base.checked = True
@@ -213,6 +234,15 @@ def check_upgrade(qgraph: QuantizedGraph, feeds: dict[str, Any]) -> None:
 
 def fp32_onnx(qgraph: QuantizedGraph) -> onnx.ModelProto:
     """The quantized graph's cleaned FP32 graph as ONNX (shared with the QDQ builds; do not modify it)."""
+    base = _fp32_base(qgraph, required_opset(qgraph), None)
+    base.fill()
+    return base.fp32
+
+
+def fp32_onnx_headers(qgraph: QuantizedGraph) -> onnx.ModelProto:
+    """fp32_onnx without writing the large float32 weights' data where no build has needed it yet: those initializers
+    may be headers only (name, type, dims), their values in qgraph.graph.initializers (model_hash reads them there).
+    Do not modify it or hand it to an engine."""
     return _fp32_base(qgraph, required_opset(qgraph), None).fp32
 
 
@@ -282,7 +312,7 @@ def _build(qgraph: QuantizedGraph, opset: int | None,
     model = onnx.ModelProto()
     model.CopyFrom(base.skeleton)
     source = base.source_opset
-    builder = QdqBuilder(qgraph, model, external=base.big)
+    builder = QdqBuilder(qgraph, model, external=base.big, complete=base.fill)
     builder.stats.fp32_bytes = base.fp32_bytes
     model = builder.build()
     rewritten = bool(qgraph.dynamic_ops and make_dynamic(model, qgraph.dynamic_ops))

@@ -36,7 +36,7 @@ def check_opset_request(opset: int | None, option: str = "opset") -> None:
                           f"{newest}; give one in {MIN_QDQ_OPSET}..{newest}, or leave it out (the model's, at least 13)")
 
 
-_BIG_INITIALIZER_BYTES = 1024  # initializers above this size travel around the converter, not through it
+BIG_INITIALIZER_BYTES = 1024  # initializers above this size travel around the converter, not through it
 
 
 def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
@@ -54,9 +54,9 @@ def upgrade_opset(model: onnx.ModelProto, target: int) -> onnx.ModelProto:
 
 
 def split_big_initializers(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[onnx.TensorProto]]:
-    """(a copy of `model` without its top-level initializers above _BIG_INITIALIZER_BYTES, those initializers: the
+    """(a copy of `model` without its top-level initializers above BIG_INITIALIZER_BYTES, those initializers: the
     model's own messages, not copies); the copy lists them nowhere (not even as inputs)."""
-    big = [t for t in model.graph.initializer if tensor_bytes(t) > _BIG_INITIALIZER_BYTES]
+    big = [t for t in model.graph.initializer if tensor_bytes(t) > BIG_INITIALIZER_BYTES]
     names = {t.name for t in big}
     light = without_initializers(model)
     light.graph.initializer.extend(t for t in model.graph.initializer if t.name not in names)

@@ -10,7 +10,7 @@ Ranges narrower than the storage type (int4 activations, custom quant_min/max) g
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -70,15 +70,18 @@ class QdqBuilder:
     """Inserts Q/DQ nodes into an ONNX copy of a QuantizedGraph's FP32 graph."""
 
     def __init__(self, qgraph: QuantizedGraph, model: onnx.ModelProto,
-                 external: Sequence[onnx.TensorProto] = ()) -> None:
+                 external: Sequence[onnx.TensorProto] = (),
+                 complete: Callable[[Iterable[onnx.TensorProto]], None] | None = None) -> None:
         """external: initializers of the model that `model` does not hold yet (large weights, shared with the FP32
-        base): appended at the end of build() where the exported model still reads them."""
+        base): appended at the end of build() where the exported model still reads them, after complete(those) has
+        written the data of any that are headers only (only their headers are read before)."""
         self.qgraph = qgraph
         self.model = model
         self.graph = model.graph
         self.stats = QdqStats()
         self.initializers = {t.name: t for t in self.graph.initializer}
         self.external = {t.name: t for t in external}
+        self.complete = complete
         self.initializers.update(self.external)
         self.new_nodes: list[onnx.NodeProto] = []
         self.taken: set[str] = set(self.initializers)
@@ -330,6 +333,8 @@ class QdqBuilder:
         nodes = list(self.graph.node) + self.new_nodes
         del self.graph.node[:]
         self.graph.node.extend(toposort(nodes, self.graph))
+        if self.complete is not None:
+            self.complete(self.external.values())
         self.graph.initializer.extend(self.external.values())  # the large float initializers still read
         self.external = {}
 

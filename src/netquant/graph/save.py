@@ -8,6 +8,7 @@ import tempfile
 from pathlib import Path
 
 import onnx
+import torch
 
 from netquant.errors import ModelError
 from netquant.graph.attrs import encode_attribute
@@ -71,9 +72,12 @@ def node_to_proto(node: Node, opset_imports: dict[str, int]) -> onnx.NodeProto:
 
 
 def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *, ir_version: int = 10,
-                   is_subgraph: bool = False, into: onnx.GraphProto | None = None) -> onnx.GraphProto:
+                   is_subgraph: bool = False, into: onnx.GraphProto | None = None,
+                   headers_above: int | None = None) -> onnx.GraphProto:
     """GraphProto of a graph; initializers are listed among the inputs too when ir_version < 4.
-    into: an empty GraphProto to fill (e.g. `model.graph`: the weights are written once, not copied)."""
+    into: an empty GraphProto to fill (e.g. `model.graph`: the weights are written once, not copied).
+    headers_above: float32 initializers of more bytes than this are written as headers only (name, type, dims, no
+    data: a caller fills those it needs, fill_initializer)."""
     opsets = opset_imports if opset_imports is not None else graph.opset_imports
     gp = onnx.GraphProto() if into is None else into
     gp.name = graph.name
@@ -98,7 +102,11 @@ def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *,
                 gp.input.append(onnx.helper.make_tensor_value_info(name, elem, list(t.shape)))
     gp.output.extend(value_to_proto(v) for v in graph.outputs)
     for name, t in graph.initializers.items():
-        tensor_to_proto(t, name, graph.initializer_types.get(name), into=gp.initializer.add())
+        if headers_above is not None and isinstance(t, torch.Tensor) and t.dtype == torch.float32 and \
+                name not in graph.initializer_types and t.numel() * 4 > headers_above:
+            gp.initializer.add(name=name, data_type=onnx.TensorProto.FLOAT, dims=t.shape)
+        else:
+            tensor_to_proto(t, name, graph.initializer_types.get(name), into=gp.initializer.add())
     for raw in graph.opaque_initializers.values():
         gp.initializer.add().ParseFromString(raw)
     for raw in graph.sparse_initializers:
@@ -110,8 +118,17 @@ def graph_to_proto(graph: Graph, opset_imports: dict[str, int] | None = None, *,
     return gp
 
 
-def to_onnx(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
-    """ModelProto of a graph (lossless w.r.t. the loaded model); onnx.checker-validated when check."""
+def fill_initializer(t: onnx.TensorProto, value: torch.Tensor) -> None:
+    """Write `value`'s data into header-only tensor `t` (graph_to_proto's headers_above), in place."""
+    if tuple(t.dims) != tuple(value.shape) or value.dtype != torch.float32:
+        raise ValueError(f"initializer '{t.name}': header {list(t.dims)} float32, value {tuple(value.shape)} "
+                         f"{value.dtype}")
+    t.raw_data = value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def to_onnx(graph: Graph, *, check: bool = True, headers_above: int | None = None) -> onnx.ModelProto:
+    """ModelProto of a graph (lossless w.r.t. the loaded model); onnx.checker-validated when check.
+    headers_above: see graph_to_proto (no check then: the model is incomplete until filled)."""
     info = graph.model_info
     model = onnx.ModelProto()
     model.ir_version = info.ir_version
@@ -131,8 +148,8 @@ def to_onnx(graph: Graph, *, check: bool = True) -> onnx.ModelProto:
         model.functions.add().ParseFromString(raw)
     for raw in info.training_info:
         model.training_info.add().ParseFromString(raw)
-    graph_to_proto(graph, ir_version=info.ir_version, into=model.graph)
-    if check:
+    graph_to_proto(graph, ir_version=info.ir_version, into=model.graph, headers_above=headers_above)
+    if check and headers_above is None:
         check_model(model, f"graph '{graph.name}'")
     return model
 

@@ -16,10 +16,10 @@ from netquant.passes.quant_graph import QuantizedGraph
 def model_hash(qgraph: QuantizedGraph) -> str:
     """sha256 of the cleaned-up FP32 graph as ONNX (what placement decisions refer to): each initializer's header and
     raw bytes in order, then the model without initializers."""
-    from netquant.export.onnx_qdq import fp32_onnx
+    from netquant.export.onnx_qdq import fp32_onnx_headers
     from netquant.graph.light import without_initializers
 
-    model = fp32_onnx(qgraph)
+    model = fp32_onnx_headers(qgraph)  # (large float32 weights may be headers only: hashed from the graph's tensors)
     digest = hashlib.sha256()
     for t in model.graph.initializer:  # tensor by tensor, from the graph's own tensors where it has them (no copy)
         digest.update(onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type).SerializeToString())
