@@ -19,6 +19,7 @@ from netquant.analysis.attention import (
     PER_TOKEN_SLOWER,
     calibrated_ranges,
     choose_attention,
+    executor_ranges,
 )
 from netquant.api import quantize_onnx
 from netquant.errors import ConfigError
@@ -201,3 +202,20 @@ def test_extra_outputs_appended_as_bytes_parse_to_the_model_with_those_outputs(b
     feeds = {k: np.asarray(v) for k, v in small_bert_batches(1)[0].items()}
     outs = sess.run(None, feeds)
     assert [o.name for o in sess.get_outputs()][-2:] == names and len(outs) == len(model.graph.output) + 2
+
+
+def test_executor_ranges_are_onnxruntimes_ranges_of_the_fp32_graph(bert: Path) -> None:
+    """Placement's static ranges come from the executor's FP32 run (no extra onnxruntime session): the same tensors
+    and, to float noise, the same min / max as onnxruntime's run of the FP32 graph with those outputs."""
+    import numpy as np
+
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    batches = small_bert_batches(2, seed=30)
+    names = tensors_to_range(base, find_attention_ops(base))
+    ort_ranges = calibrated_ranges(fp32, names, batches)
+    ours = executor_ranges(q.qgraph, names, batches)
+    assert ort_ranges and set(ours) == set(ort_ranges)
+    for name, (lo, hi) in ort_ranges.items():
+        np.testing.assert_allclose(ours[name], (lo, hi), rtol=1e-4, atol=1e-5, err_msg=name)
+    assert executor_ranges(q.qgraph, names, batches) == ours  # one thread: the same values every time

@@ -48,8 +48,9 @@ def test_cache_is_not_used_for_other_feeds_or_an_edited_graph() -> None:
 
 
 def test_placement_all_int8_fake_quant_run_is_reused_bit_for_bit(tmp_path: Path) -> None:
-    """analysis.sensitivity's all-INT8 loss run keeps its graph outputs on the first batch (fake_quant_run); export
-    validation takes them for that batch only where the quant state, the feeds and the exact sums are the same."""
+    """analysis.sensitivity's loss passes keep their graph outputs on the first batch, each under its quant state
+    (fake_quant_runs); export validation takes them for that batch only where the quant state, the feeds and the exact
+    sums are the same."""
     from netquant.analysis.regions import find_regions, keep_float
     from netquant.analysis.sensitivity import LossMeter
     from netquant.core.int_kernels import Accumulation
@@ -59,21 +60,25 @@ def test_placement_all_int8_fake_quant_run_is_reused_bit_for_bit(tmp_path: Path)
     qgraph = qm.qgraph
     first = qgraph.validation_batches[0]
     meter = LossMeter(qgraph, [first])
-    assert meter.loss([find_regions(qgraph)[0]]) > 0 and qgraph.fake_quant_run is None  # not the all-INT8 run
+    feeds = validation_feeds(qgraph)
+    region = find_regions(qgraph)[0]
+    assert meter.loss([region]) > 0 and len(qgraph.fake_quant_runs) == 1  # kept under its own (floated) state
+    assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is None  # not the all-INT8 model's run
+    with keep_float(qgraph, [region]):  # the model with that region float: its own run
+        assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is qgraph.fake_quant_runs[0].outputs
     meter.loss()
-    run = qgraph.fake_quant_run
-    assert run is not None
+    run = qgraph.fake_quant_runs[-1]
+    assert len(qgraph.fake_quant_runs) == 2
     with torch.no_grad():
         fresh = qgraph.executor(fake_quant=True).run(first)
     assert run.outputs.keys() == fresh.keys() and all(torch.equal(run.outputs[k], fresh[k]) for k in fresh)
-    feeds = validation_feeds(qgraph)
     assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is run.outputs
     assert placement_fake_quant(qgraph, feeds[1], Accumulation.EXACT) is None  # another batch
     assert placement_fake_quant(qgraph, feeds[0], Accumulation.PAIRWISE_INT16) is None  # other sums
-    with keep_float(qgraph, [find_regions(qgraph)[0]]):
-        assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is None  # another quant state
+    with keep_float(qgraph, find_regions(qgraph)[:2]):
+        assert placement_fake_quant(qgraph, feeds[0], Accumulation.EXACT) is None  # a state no pass ran
     reused = export_qdq(qm, tmp_path / "a.onnx", check_kernels=False)
-    qgraph.fake_quant_run = None
+    qgraph.fake_quant_runs = []
     fresh_export = export_qdq(qm, tmp_path / "b.onnx", check_kernels=False)
     assert reused.output_cosine == fresh_export.output_cosine
 

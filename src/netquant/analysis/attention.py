@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 import onnx
+import torch
 
 from netquant.analysis.profile import cpu_session, wall_clock_ms
 from netquant.errors import ConfigError
@@ -49,6 +50,7 @@ PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
 CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
 SETUP_PASSES = 3  # the setup's runs over the loss batches, at most: the ranges (FP32), the reference, the current file
+TRY_RUNS = 2  # runs of each file per timing round of a try (rounds: 3, up to 5 while the verdict is unclear)
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
     (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
     (AttnKind.CONTEXT, AttnMode.STATIC), (AttnKind.CONTEXT, AttnMode.DYNAMIC),
@@ -129,16 +131,41 @@ def calibrated_ranges(fp32: onnx.ModelProto, names: Sequence[str],
     so.log_severity_level = 3
     sess = ort_session(fp32, so, outputs=[n for n in wanted if n not in have])
     outs = [o.name for o in sess.get_outputs()]
+    keep = set(wanted)
+    return _extrema((name, v) for feeds in batches for name, v in zip(outs, sess.run(None, dict(feeds)), strict=True)
+                    if name in keep)
+
+
+def executor_ranges(qgraph: Any, names: Sequence[str],
+                    batches: Sequence[Mapping[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
+    """calibrated_ranges from netquant's executor: the FP32 graph (qgraph's, its own biases and weights) run on
+    `batches` with one torch thread (the same values on every machine), tensors the graph does not compute left out."""
+    from netquant.platforms.threads import thread_scope
+
+    graph = qgraph.graph
+    have = {o for n in graph.nodes for o in n.outputs if o} | {v.name for v in graph.inputs}
+    wanted = [n for n in dict.fromkeys(names) if n in have]
+    if not wanted:
+        return {}
+    ex = qgraph.executor(fake_quant=False)
+    with thread_scope(1), torch.no_grad():
+        runs = [ex.run(dict(b), outputs=wanted) for b in batches]
+    return _extrema((name, v.detach().cpu().numpy()) for run in runs for name, v in run.items()
+                    if isinstance(v, torch.Tensor))
+
+
+def _extrema(values: Iterable[tuple[str, np.ndarray]]) -> dict[str, tuple[float, float]]:
+    """(min, max) per name over its float arrays, non-finite values and mask fills (<= MASK_FLOOR) left out."""
     lo: dict[str, float] = {}
     hi: dict[str, float] = {}
-    for feeds in batches:
-        for name, v in zip(outs, sess.run(None, dict(feeds)), strict=True):
-            if name not in wanted or not np.issubdtype(np.asarray(v).dtype, np.floating):
-                continue
-            data = np.asarray(v)[np.isfinite(v) & (np.asarray(v) > MASK_FLOOR)]
-            if data.size:
-                lo[name] = min(lo.get(name, np.inf), float(data.min()))
-                hi[name] = max(hi.get(name, -np.inf), float(data.max()))
+    for name, v in values:
+        arr = np.asarray(v)
+        if not np.issubdtype(arr.dtype, np.floating):
+            continue
+        data = arr[np.isfinite(arr) & (arr > MASK_FLOOR)]
+        if data.size:
+            lo[name] = min(lo.get(name, np.inf), float(data.min()))
+            hi[name] = max(hi.get(name, -np.inf), float(data.max()))
     return {k: (lo[k], hi[k]) for k in lo}
 
 
@@ -194,13 +221,17 @@ def _loss(a: np.ndarray, b: np.ndarray) -> float:
 def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: onnx.ModelProto,
                      feeds: Mapping[str, np.ndarray], batches: Sequence[Mapping[str, np.ndarray]],
                      deadline: float | None = None, reference_session: Any = None,
-                     all_losses: bool = False) -> AttentionPlacement:
+                     all_losses: bool = False, sessions: Sequence[tuple[onnx.ModelProto, Any]] = (),
+                     ranges_of: Callable[[list[str]], dict[str, tuple[float, float]]] | None = None
+                     ) -> AttentionPlacement:
     """Measure and decide (module docstring). base: the QDQ export as placed so far (not modified); reference: the
     model whose outputs the losses are measured against (the user's FP32 model); fp32: the graph the ranges are
     calibrated on (its tensor names are the export's); feeds: the timing batch; batches: the loss / range batches.
     Tries past `deadline` (perf_counter) are skipped. reference_session: `reference`'s onnxruntime session (one
     intra-op thread), where the caller holds one. Losses are measured where a try's verdict needs them (a static or
-    dynamic kind faster in int8, a per-token try not slower), every try's with all_losses (studies)."""
+    dynamic kind faster in int8, a per-token try not slower), every try's with all_losses (studies). sessions:
+    (model, its onnxruntime session with one intra-op thread) the caller built already (placement's of the placed
+    file). ranges_of: the static ranges of the named tensors over `batches` (default: calibrated_ranges on `fp32`)."""
     start = time.perf_counter()
     result = AttentionPlacement()
     kinds = find_attention_ops(base)
@@ -211,7 +242,7 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         return _finish(result, start)
     # one onnxruntime session per model, for its timings and (once needed) its loss, the current file's kept across
     # tries: id(model) -> [model, session, loss or None]
-    built: dict[int, list[Any]] = {}
+    built: dict[int, list[Any]] = {id(m): [m, sess, None] for m, sess in sessions}
     reference_out: list[np.ndarray] = []
 
     def session(model: onnx.ModelProto) -> Any:
@@ -230,7 +261,8 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     cur = base
     if _past(deadline):  # no try could start: the setup (the ranges' session and runs) would be lost
         return _finish(result, start)
-    result.ranges = calibrated_ranges(fp32, tensors_to_range(base, kinds), batches) if kinds else {}
+    names = tensors_to_range(base, kinds) if kinds else []
+    result.ranges = (calibrated_ranges(fp32, names, batches) if ranges_of is None else ranges_of(names)) if kinds else {}
     tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
         + ([(PER_TOKEN, None)] if has_dynamic else [])  # per-token last: its elementwise chain rarely pays off
     skip: set[str] = set()
@@ -246,10 +278,10 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         if nodes <= 0:
             continue
         pair = [session(cur), session(cand)]
-        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=3, budget_s=1.0, sessions=pair,
+        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=TRY_RUNS, budget_s=1.0, sessions=pair,
                                    settled=lambda m: _clear(m[0], m[1]))
         if ms <= (1.0 - FASTER_SHARE) * cur_ms:  # a win is timed again, the other way round: the slower verdict counts
-            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=3, budget_s=1.0,
+            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=TRY_RUNS, budget_s=1.0,
                                                 sessions=pair[::-1], settled=lambda m: _clear(m[1], m[0]))
             if again_ms / again_cur > ms / cur_ms:
                 cur_ms, ms = again_cur, again_ms
@@ -311,7 +343,8 @@ def setup_estimate_s(batches: Sequence[Mapping[str, np.ndarray]], fp32_ms: float
 def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source: onnx.ModelProto | None,
                     cap_s: float, max_batches: int = 2, deadline: float | None = None,
                     source_session: Any = None, fp32_ms: float | None = None,
-                    build_s: float = 0.0) -> AttentionPlacement | None:
+                    build_s: float = 0.0, sessions: Sequence[tuple[onnx.ModelProto, Any]] = ()
+                    ) -> AttentionPlacement | None:
     """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
     against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
     validation batches, tries started within CAP_SHARE x `cap_s` seconds (or by `deadline`, perf_counter, where
@@ -320,7 +353,10 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
     setup (SETUP_PASSES runs of a model that size over the loss batches' rows: ranges, reference, current file; plus
     `build_s`, the ranges' session build: setup_estimate_s) would end past it, since no try could start; the choice
     is set as
-    qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul)."""
+    qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul).
+    sessions: placement's onnxruntime sessions (one thread) of the files it timed, reused where one is this export.
+    The static ranges come from the executor's FP32 run of the batches (executor_ranges: no onnxruntime session of
+    the FP32 model with extra outputs to build)."""
     from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
 
     batches = [{k: v.detach().cpu().numpy() for k, v in b.items()} for b in qgraph.validation_batches[:max_batches]]
@@ -334,7 +370,8 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
     fp32 = fp32_onnx(qgraph)
     result = choose_attention(base, source if source is not None else fp32, fp32, feeds, batches,
                               deadline=deadline if deadline is not None else time.perf_counter() + CAP_SHARE * cap_s,
-                              reference_session=source_session if source is not None else None)
+                              reference_session=source_session if source is not None else None, sessions=sessions,
+                              ranges_of=lambda names: executor_ranges(qgraph, names, batches))
     if not result.tries:
         return None
     qgraph.attention_rewrite = result.rewrite()

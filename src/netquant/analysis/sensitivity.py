@@ -98,19 +98,22 @@ class LossMeter:
         return {k: ref.tensors[k] for k in self.compared}
 
     def _names(self, i: int, regions: list[Region]) -> list[str]:
-        """The compared tensors, and on the all-INT8 run of the first batch the graph outputs too (_keep)."""
-        if i or regions:
+        """The compared tensors, and on the first batch the graph outputs too (_keep)."""
+        if i:
             return self.compared
         return list(dict.fromkeys([*self.compared, *(v.name for v in self.qgraph.graph.outputs)]))
 
     def _keep(self, run: dict[str, torch.Tensor]) -> None:
-        """The all-INT8 run's graph outputs on the first batch, for export validation (QuantizedGraph.fake_quant_run:
-        it runs the same fake-quant model on the same batch, where its CPU sums exactly)."""
+        """The latest loss pass's graph outputs on the first batch, with its quant state (all INT8, or the regions it
+        floated), for export validation (QuantizedGraph.fake_quant_runs: it runs the same fake-quant model on the same
+        batch, where its CPU sums exactly: the all-INT8 file, or one with edge regions float)."""
         from netquant.export.onnx_qdq import quant_state
-        from netquant.passes.quant_graph import FakeQuantRun
+        from netquant.passes.quant_graph import FAKE_QUANT_RUNS_KEPT, FakeQuantRun
 
         outputs = {v.name: run[v.name] for v in self.qgraph.graph.outputs if v.name in run}
-        self.qgraph.fake_quant_run = FakeQuantRun(quant_state(self.qgraph), dict(self.data[0]), outputs)
+        state = quant_state(self.qgraph)
+        kept = [r for r in self.qgraph.fake_quant_runs if r.state != state]
+        self.qgraph.fake_quant_runs = [*kept, FakeQuantRun(state, dict(self.data[0]), outputs)][-FAKE_QUANT_RUNS_KEPT:]
 
     @staticmethod
     def _concat(runs: Sequence[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -128,8 +131,7 @@ class LossMeter:
             try:
                 if self.metric is None:
                     runs = [self.executor.run(b, outputs=self._names(i, regions)) for i, b in enumerate(self.data)]
-                    if not regions:
-                        self._keep(runs[0])
+                    self._keep(runs[0])
                     return cosine_loss(self.reference, self._concat([{k: r[k] for k in self.compared} for r in runs]))
                 return self.reference_score - self._score([self.executor.run(b) for b, _ in self.data])
             finally:

@@ -178,16 +178,19 @@ def calibration_fp32(qgraph: QuantizedGraph, batches: Sequence[dict[str, np.ndar
 
 def placement_fake_quant(qgraph: QuantizedGraph, feeds: Mapping[str, np.ndarray],
                          accumulation: Accumulation) -> dict[str, Any] | None:
-    """The graph outputs of placement's all-INT8 fake-quant run (QuantizedGraph.fake_quant_run) where it ran this very
-    model (same quant state) on these feeds with exact sums and `accumulation` is exact; else None."""
+    """The graph outputs of the placement loss pass (QuantizedGraph.fake_quant_runs) that ran this very model (same
+    quant state) on these feeds with exact sums, where `accumulation` is exact; else None."""
     from netquant.export.onnx_qdq import quant_state
 
-    run = qgraph.fake_quant_run
-    if run is None or accumulation is not Accumulation.EXACT or set(run.inputs) != set(feeds):
+    if accumulation is not Accumulation.EXACT or not qgraph.fake_quant_runs:
+        return None
+    state = quant_state(qgraph)
+    run = next((r for r in qgraph.fake_quant_runs if r.state == state), None)
+    if run is None or set(run.inputs) != set(feeds):
         return None
     if not all(np.array_equal(_to_numpy(run.inputs[k]), feeds[k]) for k in feeds):
         return None
-    return run.outputs if quant_state(qgraph) == run.state else None
+    return run.outputs
 
 
 def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str,

@@ -232,6 +232,7 @@ class ReferenceRun:
 
 
 ENGINE_RUNS_KEPT = 4  # placement's latest engine runs kept per quantized graph (the source and the files it timed last)
+FAKE_QUANT_RUNS_KEPT = 3  # loss-pass runs kept for export validation (QuantizedGraph.fake_quant_runs)
 
 
 @dataclass(frozen=True)
@@ -290,7 +291,9 @@ class QuantizedGraph:
         # the exported file on the same cut of the first validation batch
         self.timed_shapes: dict[str, tuple[int, ...]] | None = None
         self.fp32_session: FP32Session | None = None  # placement's session of the source (export.fidelity reuses it)
-        self.fake_quant_run: FakeQuantRun | None = None  # analysis.sensitivity's all-INT8 run (export.validate)
+        # analysis.sensitivity's latest loss passes' runs on the first batch, each under its quant state (the all-INT8
+        # model, a model with regions float), at most FAKE_QUANT_RUNS_KEPT, latest last (export.validate)
+        self.fake_quant_runs: list[FakeQuantRun] = []
         self.reference_run: ReferenceRun | None = None  # calibration's first batch in FP32 (the budget's reference)
         self.engine_runs: list[EngineRun] = []  # placement's warm-up runs in onnxruntime (export validation reuses)
 

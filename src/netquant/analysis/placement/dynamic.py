@@ -191,7 +191,7 @@ def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: o
     fp32_ms = m.get("source_fp32_wall_ms", m.get("fp32_ms"))  # batch 1: the setup's estimate (place_attention)
     attention = place_attention(s.qgraph, s.feeds, source, cap_s, deadline=time.perf_counter() + ATTENTION_SHARE * cap_s,
                                 source_session=session, fp32_ms=float(fp32_ms) if fp32_ms is not None else None,
-                                build_s=s.source_build_s)
+                                build_s=s.source_build_s, sessions=s.timed_sessions)
     if attention is not None:
         placement.measured["attention"] = attention.as_dict()
     return placement

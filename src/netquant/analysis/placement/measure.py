@@ -69,6 +69,9 @@ class SearchState:
         self.source: onnx.ModelProto | None = None
         self.source_session: Any = None
         self.source_build_s = 0.0  # seconds session_of took to serialize the source and build its session
+        # the sessions (WALL_THREADS threads) of the other models the latest wall_clock timed: the attention step
+        # times and scores the placed file in its own
+        self.timed_sessions: list[tuple[onnx.ModelProto, Any]] = []
 
     def session_of(self, source: onnx.ModelProto) -> Any:
         """The onnxruntime session (WALL_THREADS threads) of the user's FP32 model, built once per search and kept on
@@ -99,7 +102,10 @@ class SearchState:
         (session_of)."""
         t = time.perf_counter()
         try:
-            sessions = [self.session_of(m) if source is not None and m is source else None for m in models]
+            sessions = [self.session_of(m) if source is not None and m is source else cpu_session(m, WALL_THREADS)
+                        for m in models]
+            self.timed_sessions = [(m, sess) for m, sess in zip(models, sessions, strict=True)
+                                   if source is None or m is not source]
             budget = min(WALL_BUDGET_S, max(0.0, self.deadline - time.perf_counter()))
             first: list[list[Any]] = []
             ms = wall_clock_ms(models, self.feeds or {}, rounds=WALL_ROUNDS, runs=WALL_RUNS, budget_s=budget,

@@ -19,15 +19,13 @@ def check_clipped_ranges(budget: AccuracyBudget) -> dict[str, Any] | None:
     if not clips or budget.meter is None:
         return None
     clipped = budget.loss(set())  # the graph as the pass left it
-    clipped_run = qgraph.fake_quant_run  # that all-INT8 run's outputs, for export validation
     for c in clips:
         c.config.params = c.min_max
     min_max = meter_loss(budget.meter, [])
     keep = clipped < min_max
     if keep:
         for c in clips:
-            c.config.params = c.clipped
-        qgraph.fake_quant_run = clipped_run  # the min / max run came last: the kept run is the clipped one
+            c.config.params = c.clipped  # (both runs are kept under their quant states for export validation)
     else:
         budget.loss_of[frozenset()] = min_max
         undo(qgraph)
