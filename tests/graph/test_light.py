@@ -94,3 +94,17 @@ def test_remove_where_deletes_in_place_and_keeps_the_rest_as_they_were() -> None
     assert remove_where(model.graph.initializer, lambda t: t.name in ("w_z", "x_s")) == 2
     assert [t.SerializeToString() for t in model.graph.initializer] == kept_before
     assert remove_where(model.graph.initializer, lambda t: False) == 0
+
+
+def test_fill_initializer_writes_a_header_and_refuses_a_value_of_another_shape() -> None:
+    import pytest
+    import torch
+
+    from netquant.graph.save import fill_initializer
+
+    header = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[2, 3])
+    value = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    fill_initializer(header, value)
+    np.testing.assert_array_equal(numpy_helper.to_array(header), value.numpy())
+    with pytest.raises(ValueError, match="initializer 'w'"):
+        fill_initializer(TensorProto(name="w", data_type=TensorProto.FLOAT, dims=[3, 2]), value)

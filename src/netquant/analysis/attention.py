@@ -202,14 +202,7 @@ def any_static_rewrite(base: onnx.ModelProto, kinds: Mapping[str, AttnKind], fp3
 
 def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]], session: Any = None) -> np.ndarray:
     """All outputs of `model` on `batches`, flattened (onnxruntime CPU, one thread; `session`: built already)."""
-    import onnxruntime as ort
-
-    sess = session
-    if sess is None:
-        so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
-        so.log_severity_level = 3
-        sess = ort_session(model, so)
+    sess = session if session is not None else cpu_session(model, 1)
     return np.concatenate([np.asarray(o, np.float64).ravel() for b in batches for o in sess.run(None, dict(b))])
 
 

@@ -221,11 +221,11 @@ def fp32_reference(qgraph: QuantizedGraph, source: bool = True, timed: bool = Tr
         session, label = held.session, "the source FP32 model"  # placement's session of the same model
     elif model is not None:
         try:
-            session, label = ort_session(model.SerializeToString(), "FP32 source model"), "the source FP32 model"
+            session, label = ort_session(model, "FP32 source model"), "the source FP32 model"
         except (ExportError, ValueError):
             session = None
     if session is None:
-        session = ort_session(_cleaned_fp32(qgraph).SerializeToString(), "FP32 model")
+        session = ort_session(_cleaned_fp32(qgraph), "FP32 model")
         label = "the cleaned-up FP32 graph"
     _REFERENCES[qgraph] = _Reference(key, session, label + " in onnxruntime")
     return session, label + " in onnxruntime"

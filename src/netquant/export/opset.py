@@ -8,7 +8,7 @@ from onnx import version_converter
 
 from netquant.errors import ExportError
 from netquant.graph.checker import check_structure
-from netquant.graph.light import ort_session, without_initializers
+from netquant.graph.light import ort_session, tensor_bytes, without_initializers
 from netquant.platforms.threads import apply_to_session_options
 
 
@@ -122,18 +122,6 @@ def _unpark(model: onnx.ModelProto, parked: bool) -> None:
     kept = [o for o in model.opset_import if o.domain != _PARKED]
     del model.opset_import[:]
     model.opset_import.extend(kept)
-
-
-def tensor_bytes(t: onnx.TensorProto) -> int:
-    """A tensor's data size from its header (numel x element size; upb's ByteSize serializes the tensor to tell)."""
-    numel = 1
-    for d in t.dims:
-        numel *= int(d)
-    try:
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-    except (KeyError, TypeError, ValueError):
-        itemsize = 1
-    return numel * itemsize
 
 
 def model_bytes(model: onnx.ModelProto) -> int:

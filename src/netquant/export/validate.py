@@ -15,6 +15,7 @@ import torch
 from netquant.core.int_kernels import Accumulation
 from netquant.errors import ExportError
 from netquant.export.ort_kernels import save_optimized_graph
+from netquant.graph.light import ort_session as in_memory_session
 from netquant.passes.quant_graph import QuantizedGraph
 from netquant.platforms.threads import apply_to_session_options
 
@@ -93,9 +94,10 @@ def check_model(model: onnx.ModelProto, where: str) -> None:
         raise ExportError(f"exported model for '{where}' fails onnx.checker: {exc}") from exc
 
 
-def ort_session(path_or_bytes: Any, where: str, optimized: bool = True, save_optimized: str | None = None) -> Any:
-    """An onnxruntime CPU session; optimized=False runs Q/DQ as defined (no fused int8 kernels); save_optimized: a
-    path where onnxruntime writes the graph it runs (SessionOptions.optimized_model_filepath)."""
+def ort_session(model: Any, where: str, optimized: bool = True, save_optimized: str | None = None) -> Any:
+    """An onnxruntime CPU session of `model` (a path, serialized bytes, or a ModelProto: its large weights handed over
+    in memory, graph.light.ort_session); optimized=False runs Q/DQ as defined (no fused int8 kernels); save_optimized:
+    a path where onnxruntime writes the graph it runs (SessionOptions.optimized_model_filepath)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -106,7 +108,9 @@ def ort_session(path_or_bytes: Any, where: str, optimized: bool = True, save_opt
     if not optimized:
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
-        return ort.InferenceSession(path_or_bytes, so, providers=["CPUExecutionProvider"])
+        if isinstance(model, onnx.ModelProto):
+            return in_memory_session(model, so)
+        return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
     except Exception as exc:
         raise ExportError(f"exported model for '{where}' does not load in onnxruntime: {exc}") from exc
 

@@ -10,12 +10,10 @@ opsets, op schemas, types, names, topological order) are checked at the cost of 
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import onnx
 
-from netquant.graph.light import with_initializers
+from netquant.graph.light import tensor_bytes, with_initializers
 
 STRUCTURE_BYTES = 4096  # initializers with at least this many bytes of payload are reduced to one element
 
@@ -35,7 +33,7 @@ def _large(t: onnx.TensorProto) -> bool:
         return True
     if t.data_type == onnx.TensorProto.STRING:
         return False
-    return math.prod(t.dims) * max(1, onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize) >= STRUCTURE_BYTES
+    return tensor_bytes(t) >= STRUCTURE_BYTES
 
 
 def structural_copy(model: onnx.ModelProto) -> onnx.ModelProto:

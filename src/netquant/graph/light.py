@@ -58,6 +58,16 @@ def with_initializers(model: onnx.ModelProto,
     return light
 
 
+def tensor_bytes(t: onnx.TensorProto) -> int:
+    """A tensor's data size from its header (numel x element size, 1 byte where the type has no numpy size; upb's
+    ByteSize serializes the tensor to tell)."""
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, TypeError, ValueError):
+        itemsize = 1
+    return math.prod(int(d) for d in t.dims) * max(1, itemsize)
+
+
 IN_MEMORY_MIN_BYTES = 1 << 16  # initializers at least this large go to onnxruntime in memory (ort_session)
 _IN_MEMORY_TYPES = frozenset({onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE,
                               onnx.TensorProto.INT8, onnx.TensorProto.UINT8, onnx.TensorProto.INT16,
@@ -77,10 +87,10 @@ def weights_apart(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
         if t.data_type not in _IN_MEMORY_TYPES or t.name in inputs or t.data_location == onnx.TensorProto.EXTERNAL \
                 or not t.HasField("raw_data"):
             return None
-        dtype = onnx.helper.tensor_dtype_to_np_dtype(t.data_type)
-        if math.prod(t.dims) * dtype.itemsize < IN_MEMORY_MIN_BYTES:
+        if tensor_bytes(t) < IN_MEMORY_MIN_BYTES:
             return None
-        arrays[t.name] = np.frombuffer(t.raw_data, dtype).reshape(tuple(t.dims))
+        arrays[t.name] = np.frombuffer(t.raw_data, onnx.helper.tensor_dtype_to_np_dtype(t.data_type)).reshape(
+            tuple(t.dims))
         out = onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims,
                                data_location=onnx.TensorProto.EXTERNAL)
         out.external_data.add(key="location", value=_IN_MEMORY)
