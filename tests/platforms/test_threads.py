@@ -19,6 +19,7 @@ from netquant.platforms.threads import (
     cgroup_quota,
     choose_threads,
     measure_busy,
+    own_running,
     parse_cfs,
     parse_cpu_max,
     parse_threads,
@@ -67,14 +68,59 @@ def test_cgroup_quota_files(tmp_path: Path) -> None:
     assert cgroup_quota(tmp_path / "nothing") is None
 
 
+def _tasks(root: Path, states: str) -> Path:
+    """A fake /proc/self/task: one thread folder per state letter (stat lines as the kernel writes them)."""
+    for i, state in enumerate(states):
+        (root / str(100 + i)).mkdir(parents=True)
+        (root / str(100 + i) / "stat").write_text(f"{100 + i} (py thread) {state} 1 2 3 4\n")
+    return root
+
+
 def test_measure_busy_from_proc_stat(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  1 2 3\nprocs_running 3\nprocs_blocked 0\n")  # us + 2 others
     online = __import__("os").cpu_count()
-    assert measure_busy(affinity=online, samples=3, interval_s=0.0, stat=stat) == 2.0
-    assert measure_busy(affinity=online, samples=1, interval_s=0.0, stat=tmp_path / "none") is None
+    us = _tasks(tmp_path / "us", "RS")  # the sampling thread running, a worker asleep
+    assert measure_busy(affinity=online, samples=3, interval_s=0.0, stat=stat, tasks=us) == 2.0
+    assert measure_busy(affinity=online, samples=1, interval_s=0.0, stat=tmp_path / "none", tasks=us) is None
     stat.write_text("procs_running 1\n")  # only us
-    assert measure_busy(affinity=online, samples=2, interval_s=0.0, stat=stat) == 0.0
+    assert measure_busy(affinity=online, samples=2, interval_s=0.0, stat=stat, tasks=us) == 0.0
+
+
+def test_measure_busy_leaves_out_this_process_s_spinning_workers(tmp_path: Path) -> None:
+    """Two of the three runnable tasks are this process's (the sampler and an OpenMP worker spinning after the last
+    torch op): one CPU is busy with other work, not two; an unreadable task folder counts the sampler alone."""
+    stat = tmp_path / "stat"
+    stat.write_text("procs_running 3\n")
+    online = __import__("os").cpu_count()
+    assert own_running(_tasks(tmp_path / "spin", "RRS")) == 2
+    assert measure_busy(affinity=online, samples=2, interval_s=0.0, stat=stat, tasks=tmp_path / "spin") == 1.0
+    assert own_running(tmp_path / "absent") == 0
+    assert measure_busy(affinity=online, samples=1, interval_s=0.0, stat=stat, tasks=tmp_path / "absent") == 2.0
+
+
+def test_own_running_sees_a_live_spinning_thread() -> None:
+    """On Linux, a thread of this process spinning in torch (no GIL held) is counted running while it spins."""
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("no /proc/self/task here")
+    import threading
+
+    stop = threading.Event()
+
+    def spin() -> None:
+        a = torch.ones(64, 64)
+        while not stop.is_set():
+            a = torch.mm(a, a).clamp_(-1, 1)
+
+    worker = threading.Thread(target=spin)
+    worker.start()
+    try:
+        seen = max(own_running() for _ in range(200))
+    finally:
+        stop.set()
+        worker.join()
+    assert seen >= 2  # this thread and the spinning one, at some reading
+    assert own_running() >= 1
 
 
 def test_parse_threads() -> None:

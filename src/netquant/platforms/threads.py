@@ -7,8 +7,9 @@ fork-join waits for its slowest thread, so a [1,64,384] x [384,1152] matmul took
     usable  = min(len(sched_getaffinity), floor(cgroup CPU quota)), at least 1 (quota: cgroup v2 cpu.max or v1
               cpu.cfs_quota_us / cpu.cfs_period_us; none = unlimited)
     busy    = CPUs of `usable` the rest of the machine keeps busy, measured (`measure_busy`): the mean number of
-              runnable tasks in /proc/stat (procs_running, sampled over a few ms) less this process's one running
-              thread, scaled by usable / online CPUs when the process may use only part of the machine
+              runnable tasks in /proc/stat (procs_running, sampled over a few ms) less this process's own running
+              threads (its OpenMP workers spin for a while after each torch op: they are not other work), scaled
+              by usable / online CPUs when the process may use only part of the machine
     threads = max(1, usable - ceil(busy - BUSY_SLACK))
 
 so a CPU counts as free while others keep it busy less than BUSY_SLACK (a quarter) of the time; under torchrun each of
@@ -112,10 +113,32 @@ def _procs_running(stat: Path) -> int | None:
     return None
 
 
+def own_running(tasks: Path = Path("/proc/self/task")) -> int:
+    """This process's threads in state R (running or runnable): the caller's own, and any OpenMP / onnxruntime
+    worker still spinning after its last parallel region (Intel OpenMP spins 200 ms by default). 0 where the folder
+    cannot be read."""
+    count = 0
+    try:
+        entries = list(tasks.iterdir())
+    except OSError:
+        return 0
+    for task in entries:
+        try:
+            text = (task / "stat").read_text()
+        except OSError:
+            continue  # (a thread that ended meanwhile)
+        close = text.rfind(")")
+        if close >= 0 and text[close + 2:close + 3] == "R":
+            count += 1
+    return count
+
+
 def measure_busy(affinity: int | None = None, samples: int = PROBE_SAMPLES, interval_s: float = PROBE_INTERVAL_S,
-                 stat: Path = Path("/proc/stat")) -> float | None:
-    """CPUs kept busy by other work: mean runnable tasks (procs_running) less our one running thread, scaled by
-    affinity / online CPUs; None where /proc/stat is not there (then nothing is assumed busy)."""
+                 stat: Path = Path("/proc/stat"), tasks: Path = Path("/proc/self/task")) -> float | None:
+    """CPUs kept busy by other work: the mean over the samples of runnable tasks (procs_running) less this process's
+    own running threads (own_running, at least the sampling one): torch's OpenMP workers still spinning after the
+    caller's last torch op are this process's, not other work; scaled by affinity / online CPUs. None where
+    /proc/stat is not there (then nothing is assumed busy)."""
     readings = []
     for i in range(samples):
         if i:
@@ -123,8 +146,8 @@ def measure_busy(affinity: int | None = None, samples: int = PROBE_SAMPLES, inte
         n = _procs_running(stat)
         if n is None:
             return None
-        readings.append(n)
-    others = max(0.0, sum(readings) / len(readings) - 1.0)
+        readings.append(max(0, n - max(1, own_running(tasks))))
+    others = sum(readings) / len(readings)
     online = os.cpu_count() or 1
     cpus = affinity if affinity is not None else affinity_cpus()
     return others * min(1.0, cpus / online)
