@@ -23,7 +23,7 @@ from netquant.analysis.attention import (
 )
 from netquant.api import quantize_onnx
 from netquant.errors import ConfigError
-from netquant.export.attention import AttnKind, find_attention_ops, tensors_to_range
+from netquant.export.attention import AttnKind, AttnMode, find_attention_ops, tensors_to_range
 from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
 from tests.helpers.transformer_models import SMALL, small_bert, small_bert_batches
 
@@ -219,3 +219,93 @@ def test_executor_ranges_are_onnxruntimes_ranges_of_the_fp32_graph(bert: Path) -
     for name, (lo, hi) in ort_ranges.items():
         np.testing.assert_allclose(ours[name], (lo, hi), rtol=1e-4, atol=1e-5, err_msg=name)
     assert executor_ranges(q.qgraph, names, batches) == ours  # one thread: the same values every time
+
+
+def test_stand_in_ranges_keep_each_zero_points_class(bert: Path) -> None:
+    """The ranges a static try is first timed with: the Softmax outputs' (probabilities) give zero point 0 as their
+    calibrated ranges do, every other tensor's a nonzero zero point as the calibrated ones (reaching below 0) do;
+    scales aside, the stand-in file has the calibrated file's nodes."""
+    from netquant.analysis.attention import _zero_point_classes, stand_in_ranges
+    from netquant.export.attention import apply_attention
+
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    kinds = find_attention_ops(base)
+    names = tensors_to_range(base, kinds)
+    calibrated = calibrated_ranges(fp32, names, small_bert_batches(2, seed=30))
+    stand_in = stand_in_ranges(base, names)
+    assert set(calibrated) == set(stand_in) == set(names)
+    producer = {o: n.op_type for n in base.graph.node for o in n.output}
+    softmax_out = {t for t in names if producer.get(t) == "Softmax"}
+    assert softmax_out and all(stand_in[t] == (0.0, 1.0) for t in softmax_out)
+    assert _zero_point_classes(stand_in) == _zero_point_classes(calibrated)
+    assert {c for t, c in _zero_point_classes(calibrated).items() if t in softmax_out} == {True}
+    assert not any(c for t, c in _zero_point_classes(calibrated).items() if t not in softmax_out)
+    modes = {n: AttnMode.STATIC for n in kinds}
+    a, b = copy.deepcopy(base), copy.deepcopy(base)
+    assert apply_attention(a, modes, stand_in) == apply_attention(b, modes, calibrated)
+    assert [(n.op_type, list(n.input)) for n in a.graph.node] == [(n.op_type, list(n.input)) for n in b.graph.node]
+
+
+def test_the_ranges_are_calibrated_only_where_a_static_try_times_faster(bert: Path) -> None:
+    """Placement's default: the calibrated ranges (the FP32 runs) are computed once, and only where a static try
+    timed faster on its stand-in ranges; with every loss wanted, up front. A kept static try is the file built with
+    the calibrated ranges (its rewrite re-applies them)."""
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    batches = small_bert_batches(2, seed=30)
+    calls: list[list[str]] = []
+
+    def ranges_of(names: list[str]) -> dict[str, tuple[float, float]]:
+        calls.append(names)
+        return calibrated_ranges(fp32, names, batches)
+
+    lean = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches, ranges_of=ranges_of)
+    static_faster = [t for t in lean.tries if t.mode == AttnMode.STATIC.value and
+                     t.ms <= (1 - FASTER_SHARE) * t.current_ms]
+    assert len(calls) == (1 if static_faster else 0)
+    assert lean.ranges == (calibrated_ranges(fp32, calls[0], batches) if calls else {})
+    for t in lean.tries:
+        if t.kept and t.mode == AttnMode.STATIC.value:
+            assert lean.rewrite() is not None and lean.rewrite().ranges  # the calibrated ranges of its tensors
+    calls.clear()
+    full = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches, ranges_of=ranges_of,
+                            all_losses=True)
+    assert len(calls) == 1 and full.ranges and all(t.loss is not None for t in full.tries)
+
+
+def test_a_try_timed_faster_on_stand_ins_is_measured_on_its_calibrated_file(bert: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every candidate timed twice as fast (the clock replaced; onnxruntime still runs every loss): the first static
+    try calibrates the ranges once, its loss is the calibrated file's (the one export writes from the rewrite: the
+    same loss run again on that file), and later tries are built from the calibrated ranges directly."""
+    import numpy as np
+
+    import netquant.analysis.attention as attention
+    from netquant.analysis.attention import _loss, _outputs
+
+    def clock(models: list[onnx.ModelProto], *args: object, **kwargs: object) -> tuple[float, ...]:
+        fewest = min(len(m.graph.node) for m in models)  # the current file: the candidate adds Q/DQ nodes
+        return tuple(10.0 if len(m.graph.node) == fewest else 5.0 for m in models)
+
+    monkeypatch.setattr(attention, "wall_clock_ms", clock)
+    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
+    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
+    batches = small_bert_batches(2, seed=30)
+    calls: list[list[str]] = []
+
+    def ranges_of(names: list[str]) -> dict[str, tuple[float, float]]:
+        calls.append(names)
+        return calibrated_ranges(fp32, names, batches)
+
+    reference = onnx.load(str(bert))
+    result = choose_attention(base, reference, fp32, batches[0], batches, ranges_of=ranges_of)
+    assert len(calls) == 1 and result.ranges == calibrated_ranges(fp32, calls[0], batches)
+    static = [t for t in result.tries if t.mode == AttnMode.STATIC.value]
+    assert static and all(t.loss is not None for t in static)
+    kept = [t for t in result.tries if t.kept]
+    assert kept and result.rewrite() is not None
+    model = copy.deepcopy(base)
+    assert result.rewrite().apply(model)
+    ref = _outputs(reference, batches)
+    assert np.isclose(_loss(ref, _outputs(model, batches)), kept[-1].loss, rtol=1e-9, atol=1e-12)

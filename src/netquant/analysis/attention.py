@@ -15,7 +15,11 @@ Kept tries become the current file; the decisions, with every try's times and lo
 the verdict needs it: a try its time already rules out records None), are returned (AttentionPlacement.as_dict,
 recorded in the placement file's `measured`).
 Static ranges: min / max of each tensor over the calibration batches in the FP32 graph, values at or below MASK_FLOOR
-(additive mask fills: -10000, finfo.min, -inf) left out.
+(additive mask fills: -10000, finfo.min, -inf) left out. They are computed once a try's verdict needs them: a static
+try is first timed with stand-in ranges (stand_in_ranges: onnxruntime runs the same kernels whatever the scales, and
+the stand-ins keep each zero point's class), then, where it times faster (or every loss is wanted), built again with
+the calibrated ranges, and timed again where that changes its nodes or a zero point's class. A try its time rules
+out costs no range run.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from netquant.export.attention import (
     find_attention_ops,
     per_token_dynamic,
     tensors_to_range,
+    uint8_params,
 )
 from netquant.graph.light import ort_session
 
@@ -49,7 +54,7 @@ LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
 PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
 CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
-SETUP_PASSES = 3  # the setup's runs over the loss batches, at most: the ranges (FP32), the reference, the current file
+SETUP_PASSES = 3  # runs over the loss batches a first kept try needs, at most: the ranges (FP32), the reference, the current file
 TRY_RUNS = 2  # runs of each file per timing round of a try (rounds: 3, up to 5 while the verdict is unclear)
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
     (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
@@ -200,6 +205,23 @@ def any_static_rewrite(base: onnx.ModelProto, kinds: Mapping[str, AttnKind], fp3
     return False
 
 
+NONNEGATIVE_OPS = ("Softmax", "Relu", "Sigmoid", "Abs")  # outputs >= 0: a calibrated range there starts at 0
+
+
+def stand_in_ranges(model: onnx.ModelProto, names: Iterable[str]) -> dict[str, tuple[float, float]]:
+    """Ranges for timing a static try before calibrating: (0, 1) for an output of NONNEGATIVE_OPS (zero point 0, as
+    its calibrated range gives), (-1, 1) for any other tensor (zero point 128: nonzero, as a range reaching below 0
+    gives)."""
+    producer = {o: n.op_type for n in model.graph.node for o in n.output}
+    return {t: (0.0, 1.0) if producer.get(t) in NONNEGATIVE_OPS else (-1.0, 1.0) for t in names}
+
+
+def _zero_point_classes(ranges: Mapping[str, tuple[float, float]]) -> dict[str, bool]:
+    """Per tensor: whether its zero point is 0, the class that selects onnxruntime's int8 paths (a zero point of
+    0 skips the sums a nonzero one needs; any nonzero value costs the same)."""
+    return {t: int(uint8_params(lo, hi)[1]) == 0 for t, (lo, hi) in ranges.items()}
+
+
 def _outputs(model: onnx.ModelProto, batches: Sequence[Mapping[str, np.ndarray]], session: Any = None) -> np.ndarray:
     """All outputs of `model` on `batches`, flattened (onnxruntime CPU, one thread; `session`: built already)."""
     sess = session if session is not None else cpu_session(model, 1)
@@ -255,7 +277,33 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     if _past(deadline):  # no try could start: the setup (the ranges' session and runs) would be lost
         return _finish(result, start)
     names = tensors_to_range(base, kinds) if kinds else []
-    result.ranges = (calibrated_ranges(fp32, names, batches) if ranges_of is None else ranges_of(names)) if kinds else {}
+    calibrated: dict[str, tuple[float, float]] = {}
+    calibrated_done = False
+
+    def calibrate() -> dict[str, tuple[float, float]]:
+        nonlocal calibrated_done
+        if not calibrated_done:
+            calibrated.update((calibrated_ranges(fp32, names, batches) if ranges_of is None else ranges_of(names))
+                              if names else {})
+            calibrated_done = True
+        return calibrated
+
+    if all_losses:
+        calibrate()
+    stand_in = stand_in_ranges(base, [t for t in names if t in _tensor_names(fp32)]) if names else {}
+
+    def timed(cand: onnx.ModelProto) -> tuple[float, float]:
+        """(current ms, candidate ms): a win is timed again, the other way round: the slower verdict counts."""
+        pair = [session(cur), session(cand)]
+        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=TRY_RUNS, budget_s=1.0, sessions=pair,
+                                   settled=lambda m: _clear(m[0], m[1]))
+        if ms <= (1.0 - FASTER_SHARE) * cur_ms:
+            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=TRY_RUNS, budget_s=1.0,
+                                                sessions=pair[::-1], settled=lambda m: _clear(m[1], m[0]))
+            if again_ms / again_cur > ms / cur_ms:
+                cur_ms, ms = again_cur, again_ms
+        return cur_ms, ms
+
     tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
         + ([(PER_TOKEN, None)] if has_dynamic else [])  # per-token last: its elementwise chain rarely pays off
     skip: set[str] = set()
@@ -263,22 +311,31 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         if kind in skip or _past(deadline):
             continue
         cand = copy.deepcopy(cur)
+        modes = {n: mode for n, k in kinds.items() if k.value == kind} if mode is not None else {}
         if mode is None:
-            nodes = len(per_token_dynamic(cand))
+            done = per_token_dynamic(cand)
         else:
-            modes = {n: mode for n, k in kinds.items() if k.value == kind}
-            nodes = len(apply_attention(cand, modes, result.ranges))  # cur holds the kinds kept so far
-        if nodes <= 0:
+            done = apply_attention(cand, modes, calibrated if calibrated_done else stand_in)
+        if not done:
             continue
-        pair = [session(cur), session(cand)]
-        cur_ms, ms = wall_clock_ms([cur, cand], feeds, rounds=5, runs=TRY_RUNS, budget_s=1.0, sessions=pair,
-                                   settled=lambda m: _clear(m[0], m[1]))
-        if ms <= (1.0 - FASTER_SHARE) * cur_ms:  # a win is timed again, the other way round: the slower verdict counts
-            again_ms, again_cur = wall_clock_ms([cand, cur], feeds, rounds=5, runs=TRY_RUNS, budget_s=1.0,
-                                                sessions=pair[::-1], settled=lambda m: _clear(m[1], m[0]))
-            if again_ms / again_cur > ms / cur_ms:
-                cur_ms, ms = again_cur, again_ms
-        timed_ok = ms <= PER_TOKEN_SLOWER * cur_ms if mode is None else ms <= (1.0 - FASTER_SHARE) * cur_ms
+        cur_ms, ms = timed(cand)
+        timed_ok = _timed_ok(cur_ms, ms, mode)
+        if mode is AttnMode.STATIC and not calibrated_done and timed_ok:  # timed on stand-ins: the real file now
+            exact = copy.deepcopy(cur)
+            done_exact = apply_attention(exact, modes, calibrate())
+            built.pop(id(cand), None)
+            cand = exact
+            same = done_exact == done and all(
+                c == _zero_point_classes(calibrated).get(t, c) for t, c in _zero_point_classes(stand_in).items())
+            done = done_exact
+            if not done:
+                continue
+            if not same:  # other nodes or kernel paths: the calibrated file is timed itself
+                cur_ms, ms = timed(cand)
+                timed_ok = _timed_ok(cur_ms, ms, mode)
+            else:
+                session(cand)
+        nodes = len(done)
         cur_loss, loss = (loss_of(cur), loss_of(cand)) if timed_ok or all_losses else (None, None)
         if not timed_ok:
             kept, reason = False, "slower" if mode is None else "not faster"
@@ -293,7 +350,7 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         result.tries.append(AttentionTry(kind, "per-token dynamic" if mode is None else mode.value, nodes,
                                          cur_ms, ms, cur_loss, loss, kept, reason))
         if not kept:
-            built.pop(id(cand))
+            built.pop(id(cand), None)
             continue
         built.pop(id(cur))
         skip.add(kind)  # static kept: the dynamic try of that kind is not needed
@@ -305,7 +362,14 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
             if mode is AttnMode.STATIC:
                 result.needed.update(tensors_to_range(base, chosen))
         cur, cur_loss = cand, loss
+    result.ranges = dict(calibrated)
     return _finish(result, start)
+
+
+def _timed_ok(cur_ms: float, ms: float, mode: AttnMode | None) -> bool:
+    """A try's time allows keeping it: per-token (mode None) at most PER_TOKEN_SLOWER slower, an int8 kind
+    FASTER_SHARE faster."""
+    return ms <= PER_TOKEN_SLOWER * cur_ms if mode is None else ms <= (1.0 - FASTER_SHARE) * cur_ms
 
 
 def _clear(cur_ms: float, ms: float) -> bool:

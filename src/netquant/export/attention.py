@@ -164,7 +164,9 @@ def tensors_to_range(model: onnx.ModelProto, kinds: Mapping[str, AttnKind]) -> l
     return sorted(names)
 
 
-def _uint8_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+def uint8_params(lo: float, hi: float) -> tuple[np.ndarray, np.ndarray]:
+    """(scale, zero point) of a static Q/DQ pair over [min(lo, 0), max(hi, 0)]: scale = (hi - lo) / 255 (at least
+    1e-8 / 255), zero point round(-lo / scale) in 0..255."""
     lo, hi = min(float(lo), 0.0), max(float(hi), 0.0)
     scale = max(hi - lo, 1e-8) / 255.0
     zp = int(np.clip(round(-lo / scale), 0, 255))
@@ -194,7 +196,7 @@ class _Rewriter:
             return self.qdq[tensor]
         if self._quantized(tensor) or tensor not in self.ranges:
             return None
-        scale, zp = _uint8_params(*self.ranges[tensor])
+        scale, zp = uint8_params(*self.ranges[tensor])
         base = f"{tensor}/attn_qdq"
         self.inits += [numpy_helper.from_array(scale, f"{base}/scale"), numpy_helper.from_array(zp, f"{base}/zp")]
         nodes = [helper.make_node("QuantizeLinear", [tensor, f"{base}/scale", f"{base}/zp"], [f"{base}/q"],
