@@ -309,3 +309,13 @@ def test_a_try_timed_faster_on_stand_ins_is_measured_on_its_calibrated_file(bert
     assert result.rewrite().apply(model)
     ref = _outputs(reference, batches)
     assert np.isclose(_loss(ref, _outputs(model, batches)), kept[-1].loss, rtol=1e-9, atol=1e-12)
+
+
+def test_a_try_starts_only_where_it_would_end_by_the_deadline() -> None:
+    """The first try starts while the deadline has not passed; a later one only where it ends by the deadline taking
+    as long as the try before it; no deadline: every try."""
+    from netquant.analysis.attention import _can_start
+
+    assert _can_start(10.0, 0.0, 10.0) and not _can_start(10.1, 0.0, 10.0)
+    assert _can_start(10.0, 0.3, 10.3) and not _can_start(10.0, 0.31, 10.3)
+    assert _can_start(1e9, 1e9, None)

@@ -53,7 +53,7 @@ FASTER_SHARE = 0.03  # an int8 kind must run 3% faster than the current file (wa
 LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
 PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
-CAP_SHARE = 0.5  # share of placement's cap the tries may start within (each try: two exports timed, one loss pass)
+CAP_SHARE = 0.5  # share of placement's cap the tries may end within (each try: two exports timed, a loss pass where faster)
 SETUP_PASSES = 3  # runs over the loss batches a first kept try needs, at most: the ranges (FP32), the reference, the current file
 TRY_RUNS = 2  # runs of each file per timing round of a try (rounds: 3, up to 5 while the verdict is unclear)
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
@@ -242,7 +242,8 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     """Measure and decide (module docstring). base: the QDQ export as placed so far (not modified); reference: the
     model whose outputs the losses are measured against (the user's FP32 model); fp32: the graph the ranges are
     calibrated on (its tensor names are the export's); feeds: the timing batch; batches: the loss / range batches.
-    Tries past `deadline` (perf_counter) are skipped. reference_session: `reference`'s onnxruntime session (one
+    A try starts only where it would end by `deadline` (perf_counter) if it took as long as the previous one
+    (_can_start; the first: where the deadline has not passed). reference_session: `reference`'s onnxruntime session (one
     intra-op thread), where the caller holds one. Losses are measured where a try's verdict needs them (a static or
     dynamic kind faster in int8, a per-token try not slower), every try's with all_losses (studies). sessions:
     (model, its onnxruntime session with one intra-op thread) the caller built already (placement's of the placed
@@ -307,9 +308,11 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     tries: list[tuple[str, AttnMode | None]] = [(k.value, m) for k, m in ORDER if any(v is k for v in kinds.values())] \
         + ([(PER_TOKEN, None)] if has_dynamic else [])  # per-token last: its elementwise chain rarely pays off
     skip: set[str] = set()
+    last_try_s = 0.0
     for kind, mode in tries:
-        if kind in skip or _past(deadline):
+        if kind in skip or not _can_start(time.perf_counter(), last_try_s, deadline):
             continue
+        try_start = time.perf_counter()
         cand = copy.deepcopy(cur)
         modes = {n: mode for n, k in kinds.items() if k.value == kind} if mode is not None else {}
         if mode is None:
@@ -349,6 +352,7 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
             reason = "faster in int8, as accurate" if kept else "less accurate"
         result.tries.append(AttentionTry(kind, "per-token dynamic" if mode is None else mode.value, nodes,
                                          cur_ms, ms, cur_loss, loss, kept, reason))
+        last_try_s = time.perf_counter() - try_start
         if not kept:
             built.pop(id(cand), None)
             continue
@@ -378,6 +382,12 @@ def _clear(cur_ms: float, ms: float) -> bool:
     return ms >= cur_ms or ms <= (1.0 - 2 * FASTER_SHARE) * cur_ms
 
 
+def _can_start(now: float, last_try_s: float, deadline: float | None) -> bool:
+    """Whether a try started at `now` ends by `deadline` taking as long as the previous one (`last_try_s`; 0 before
+    the first): now + last_try_s <= deadline (always where deadline is None)."""
+    return deadline is None or now + last_try_s <= deadline
+
+
 def _past(deadline: float | None) -> bool:
     return deadline is not None and time.perf_counter() > deadline
 
@@ -404,8 +414,8 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
                     ) -> AttentionPlacement | None:
     """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
     against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
-    validation batches, tries started within CAP_SHARE x `cap_s` seconds (or by `deadline`, perf_counter, where
-    given); source_session: `source`'s onnxruntime session (one intra-op thread) where the caller holds one (placement
+    validation batches, tries ending (at the previous try's duration) within CAP_SHARE x `cap_s` seconds (or by
+    `deadline`, perf_counter, where given); source_session: `source`'s onnxruntime session (one intra-op thread) where the caller holds one (placement
     does); fp32_ms: the FP32 model's batch-1 ms, where known: with `deadline`, nothing is measured (None) when the
     setup (SETUP_PASSES runs of a model that size over the loss batches' rows: ranges, reference, current file; plus
     `build_s`, the ranges' session build: setup_estimate_s) would end past it, since no try could start; the choice

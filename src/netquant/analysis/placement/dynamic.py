@@ -177,7 +177,7 @@ def choose_dynamic(s: SearchState, placement: Placement, source: onnx.ModelProto
 def choose_dynamic_and_attention(s: SearchState, placement: Placement, source: onnx.ModelProto | None,
                                  max_loss: float | None, cap_s: float) -> Placement:
     """choose_dynamic, then the transformer ops by measurement (analysis.attention; recorded as
-    measured['attention']), their tries started within ATTENTION_SHARE x cap_s (not measured at all where its setup
+    measured['attention']), their tries ending within ATTENTION_SHARE x cap_s (not measured at all where its setup
     alone would take longer: analysis.attention.setup_estimate_s, its session build estimated by the source's); both
     reuse the search's session of the source (SearchState.session_of)."""
     placement = choose_dynamic(s, placement, source, max_loss, cap_s)
