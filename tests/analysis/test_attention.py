@@ -7,6 +7,7 @@ import copy
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import onnx
 import pytest
@@ -247,10 +248,9 @@ def test_stand_in_ranges_keep_each_zero_points_class(bert: Path) -> None:
     assert [(n.op_type, list(n.input)) for n in a.graph.node] == [(n.op_type, list(n.input)) for n in b.graph.node]
 
 
-def test_the_ranges_are_calibrated_only_where_a_static_try_times_faster(bert: Path) -> None:
-    """Placement's default: the calibrated ranges (the FP32 runs) are computed once, and only where a static try
-    timed faster on its stand-in ranges; with every loss wanted, up front. A kept static try is the file built with
-    the calibrated ranges (its rewrite re-applies them)."""
+def _counted_ranges(bert: Path) -> tuple[onnx.ModelProto, onnx.ModelProto, list[dict], list[list[str]], Any]:
+    """(QDQ export, FP32 graph, two loss batches, the calls so far, a ranges_of for choose_attention that records
+    each call's tensor names and returns their calibrated ranges)."""
     q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
     base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
     batches = small_bert_batches(2, seed=30)
@@ -259,6 +259,15 @@ def test_the_ranges_are_calibrated_only_where_a_static_try_times_faster(bert: Pa
     def ranges_of(names: list[str]) -> dict[str, tuple[float, float]]:
         calls.append(names)
         return calibrated_ranges(fp32, names, batches)
+
+    return base, fp32, batches, calls, ranges_of
+
+
+def test_the_ranges_are_calibrated_only_where_a_static_try_times_faster(bert: Path) -> None:
+    """Placement's default: the calibrated ranges (the FP32 runs) are computed once, and only where a static try
+    timed faster on its stand-in ranges; with every loss wanted, up front. A kept static try is the file built with
+    the calibrated ranges (its rewrite re-applies them)."""
+    base, fp32, batches, calls, ranges_of = _counted_ranges(bert)
 
     lean = choose_attention(base, onnx.load(str(bert)), fp32, batches[0], batches, ranges_of=ranges_of)
     static_faster = [t for t in lean.tries if t.mode == AttnMode.STATIC.value and
@@ -289,14 +298,7 @@ def test_a_try_timed_faster_on_stand_ins_is_measured_on_its_calibrated_file(bert
         return tuple(10.0 if len(m.graph.node) == fewest else 5.0 for m in models)
 
     monkeypatch.setattr(attention, "wall_clock_ms", clock)
-    q = quantize_onnx(str(bert), small_bert_batches(4), objective=None, quiet=True)
-    base, fp32 = build_qdq_model(q.qgraph)[0], fp32_onnx(q.qgraph)
-    batches = small_bert_batches(2, seed=30)
-    calls: list[list[str]] = []
-
-    def ranges_of(names: list[str]) -> dict[str, tuple[float, float]]:
-        calls.append(names)
-        return calibrated_ranges(fp32, names, batches)
+    base, fp32, batches, calls, ranges_of = _counted_ranges(bert)
 
     reference = onnx.load(str(bert))
     result = choose_attention(base, reference, fp32, batches[0], batches, ranges_of=ranges_of)
