@@ -53,8 +53,8 @@ FASTER_SHARE = 0.03  # an int8 kind must run 3% faster than the current file (wa
 LOSS_GROWTH, LOSS_FLOOR = 1.25, 1e-6
 PER_TOKEN_GAIN, PER_TOKEN_SLOWER = 0.9, 1.05
 PER_TOKEN = "per_token"
-CAP_SHARE = 0.5  # share of placement's cap the tries may end within (each try: two exports timed, a loss pass where faster)
-SETUP_PASSES = 3  # runs over the loss batches a first kept try needs, at most: the ranges (FP32), the reference, the current file
+CAP_SHARE = 0.5  # share of placement's cap the tries may end within (a try: two exports timed, losses where faster)
+SETUP_PASSES = 3  # runs over the loss batches a first kept try needs, at most: ranges (FP32), reference, current file
 TRY_RUNS = 2  # runs of each file per timing round of a try (rounds: 3, up to 5 while the verdict is unclear)
 ORDER: tuple[tuple[AttnKind, AttnMode], ...] = (
     (AttnKind.SCORES, AttnMode.STATIC), (AttnKind.SCORES, AttnMode.DYNAMIC),
@@ -243,8 +243,8 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     model whose outputs the losses are measured against (the user's FP32 model); fp32: the graph the ranges are
     calibrated on (its tensor names are the export's); feeds: the timing batch; batches: the loss / range batches.
     A try starts only where it would end by `deadline` (perf_counter) if it took as long as the previous one
-    (_can_start; the first: where the deadline has not passed). reference_session: `reference`'s onnxruntime session (one
-    intra-op thread), where the caller holds one. Losses are measured where a try's verdict needs them (a static or
+    (_can_start; the first: where the deadline has not passed). reference_session: `reference`'s onnxruntime session
+    (one intra-op thread), where the caller holds one. Losses are measured where a try's verdict needs them (a static or
     dynamic kind faster in int8, a per-token try not slower), every try's with all_losses (studies). sessions:
     (model, its onnxruntime session with one intra-op thread) the caller built already (placement's of the placed
     file). ranges_of: the static ranges of the named tensors over `batches` (default: calibrated_ranges on `fp32`)."""
@@ -415,12 +415,12 @@ def place_attention(qgraph: Any, feeds: Mapping[str, np.ndarray] | None, source:
     """The attention step of placement (onnxruntime): choose_attention on the QDQ export of `qgraph` as placed so far,
     against `source` (default: the cleaned FP32 graph), losses and ranges over the first `max_batches` of its
     validation batches, tries ending (at the previous try's duration) within CAP_SHARE x `cap_s` seconds (or by
-    `deadline`, perf_counter, where given); source_session: `source`'s onnxruntime session (one intra-op thread) where the caller holds one (placement
-    does); fp32_ms: the FP32 model's batch-1 ms, where known: with `deadline`, nothing is measured (None) when the
-    setup (SETUP_PASSES runs of a model that size over the loss batches' rows: ranges, reference, current file; plus
-    `build_s`, the ranges' session build: setup_estimate_s) would end past it, since no try could start; the choice
-    is set as
-    qgraph.attention_rewrite. None when there is nothing to measure (no batch, or no transformer op and no dynamic MatMul).
+    `deadline`, perf_counter, where given); source_session: `source`'s onnxruntime session (one intra-op thread)
+    where the caller holds one (placement does); fp32_ms: the FP32 model's batch-1 ms, where known: with `deadline`,
+    nothing is measured (None) when the setup (SETUP_PASSES runs of a model that size over the loss batches' rows:
+    ranges, reference, current file; plus `build_s`, the ranges' session build: setup_estimate_s) would end past it,
+    since no try could start; the choice is set as qgraph.attention_rewrite. None when there is nothing to measure
+    (no batch, or no transformer op and no dynamic MatMul).
     sessions: placement's onnxruntime sessions (one thread) of the files it timed, reused where one is this export.
     The static ranges come from the executor's FP32 run of the batches (executor_ranges: no onnxruntime session of
     the FP32 model with extra outputs to build)."""

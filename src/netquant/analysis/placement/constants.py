@@ -24,8 +24,8 @@ WALL_THREADS = 1  # whole-model timings: one intra-op thread (the timing export 
 # DYNAMIC_SHARE of placement's cap after the step starts and ending by then
 PROFILE_CLEAR = 0.15
 DYNAMIC_SHARE = 0.25
-ATTENTION_SHARE = 0.25  # the attention step's tries (analysis.attention) end within this share of the cap (each one as long
-# as the one before it: analysis.attention._can_start)
+ATTENTION_SHARE = 0.25  # the attention step's tries (analysis.attention) end within this share of the cap
+# (each one as long as the one before it: analysis.attention._can_start)
 SLOWER_MARGIN, SLOWER_MS = 1.05, 0.002  # INT8 counts as slower above 1.05 x FP32 + 2 us (profiler noise)
 SENSITIVITY_SAMPLES = 4  # calibration samples the fake-quant loss is measured on
 # platforms with a wider format (Platform.wider) widen regions until the loss is within this share of max_loss: a wide
