@@ -276,7 +276,7 @@ def cosine_without_vnni(path: Path, feeds: list[Feeds], ref: list[np.ndarray],
         return cosine_vs(ref, run(Accumulation.PAIRWISE_INT16)), note
 
 
-def bench(case: Case, work: Path, per_round: int, rounds: int) -> list[Result]:
+def bench(case: Case, work: Path, per_round: int, rounds: int, rounds_b8: int) -> list[Result]:
     results = quantize_all(case, work)
     ok = [r for r in results if r.path is not None]
     for r in ok:
@@ -297,7 +297,8 @@ def bench(case: Case, work: Path, per_round: int, rounds: int) -> list[Result]:
                 r.cosine_no_vnni, why = cosine_without_vnni(r.path, feeds, outs[0], o)  # type: ignore[arg-type]
                 r.note = "; ".join(filter(None, [r.note, f"no-VNNI emulation: {why}"]))
         ms = interleaved_ms([functools.partial(s.run, None, feeds[0]) for s in sessions],
-                            per_round=per_round if batch == 1 else 1, rounds=rounds, warmup=1 if batch > 1 else 3)
+                            per_round=per_round if batch == 1 else 1, rounds=rounds if batch == 1 else rounds_b8,
+                            warmup=1 if batch > 1 else 3)
         for r, m in zip(ok, ms, strict=True):
             r.ms[batch], r.speed[batch] = m, ms[0] / m
         print(f"{case.name} batch {batch}: " + ", ".join(f"{r.method} {r.ms[batch]:.1f} ms" for r in ok),
@@ -315,8 +316,8 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
              f"Whisper-like: {tm.WHISPER_FRAMES} mel frames -> {tm.SEQ} positions). Calibration: {args.calib} batch-1 "
              f"samples (token models: Zipf-like ids, padded rows); cosine vs the FP32 file in onnxruntime over "
              f"{args.eval} other batch-1 samples and one batch of 8. Latency: one onnxruntime intra-op thread, every "
-             f"method of a model interleaved in {args.rounds} rounds ({args.repeats} runs per round at batch 1, one at "
-             "batch 8), medians; speed = FP32 / method. Cosine b1 x86 no VNNI: the same batch-1 samples through "
+             f"method of a model interleaved in rounds ({args.rounds} rounds of {args.repeats} runs at batch 1, "
+             f"{args.rounds_b8} rounds of one run at batch 8), medians; speed = FP32 / method. Cosine b1 x86 no VNNI: the same batch-1 samples through "
              "the graph onnxruntime runs here (its fused int8 kernels), on netquant's executor with pairwise-int16 "
              "accumulation, as CPUs without VNNI (AVX2, AVX-512 without VNNI) sum u8 x s8 pairs; the executor with "
              "exact accumulation first gives the accuracy onnxruntime gives here, to within a tenth of the file's "
@@ -444,6 +445,8 @@ def main() -> int:
     ap.add_argument("--eval", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds-b8", type=int, default=5, help="batch-8 rounds (one run of each method a round: a "
+                    "median of 3 single runs let one slow stretch decide 2-3%% differences)")
     ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
     ap.add_argument("--quick", action="store_true", help="small sets, results not written")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -462,7 +465,7 @@ def main() -> int:
         write_text_atomic(args.out, merge(args.merge, args.note), "benchmark results")
         return 0
     if args.quick:
-        args.calib, args.eval, args.repeats, args.rounds = 4, 1, 1, 2
+        args.calib, args.eval, args.repeats, args.rounds, args.rounds_b8 = 4, 1, 1, 2, 2
     warm_imports()
     start = time.perf_counter()
     rows: list[tuple[Case, list[Result]]] = []
@@ -482,7 +485,7 @@ def main() -> int:
                     skipped.append(f"{label}: export failed: {type(exc).__name__}: {str(exc)[:200]}")
                     continue
                 loads.append(os.getloadavg()[0])
-                rows.append((case, bench(case, Path(tmp), args.repeats, args.rounds)))
+                rows.append((case, bench(case, Path(tmp), args.repeats, args.rounds, args.rounds_b8)))
                 loads.append(os.getloadavg()[0])
                 text = render(rows, args, time.perf_counter() - start, skipped,
                               f"{min(loads):.1f}-{max(loads):.1f}")
