@@ -311,7 +311,8 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
     lines = ["# Transformer encoders: netquant default vs onnxruntime quantize_dynamic / quantize_static and NNCF", "",
              host_info(ort_threads=1).markdown(),
              f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformer_encoders.py --models {args.models} "
-             f"--forms {args.forms}` ({seconds:.0f} s; "
+             f"--forms {args.forms}{' --busy' if args.busy else ''}` ({seconds:.0f} s; "
+             f"{'busy host: one spinning process per core started by the benchmark; ' if args.busy else ''}"
              f"load average {load}). Sequence {tm.SEQ} (ViT: {tm.VIT_IMAGE}x{tm.VIT_IMAGE} image, 122 tokens; "
              f"Whisper-like: {tm.WHISPER_FRAMES} mel frames -> {tm.SEQ} positions). Calibration: {args.calib} batch-1 "
              f"samples (token models: Zipf-like ids, padded rows); cosine vs the FP32 file in onnxruntime over "
@@ -447,6 +448,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--rounds-b8", type=int, default=5, help="batch-8 rounds (one run of each method a round: a "
                     "median of 3 single runs let one slow stretch decide 2-3%% differences)")
+    ap.add_argument("--busy", action="store_true", help="a busy host: one spinning process per core (quant_time."
+                    "busy_cores), started before the first model and stopped after the last")
     ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
     ap.add_argument("--quick", action="store_true", help="small sets, results not written")
     ap.add_argument("--out", type=Path, default=RESULTS)
@@ -471,7 +474,9 @@ def main() -> int:
     rows: list[tuple[Case, list[Result]]] = []
     skipped: list[str] = []
     loads: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="netquant_transformers_") as tmp:
+    from quant_time import busy_cores
+
+    with tempfile.TemporaryDirectory(prefix="netquant_transformers_") as tmp, busy_cores(args.busy):
         for key in args.models.split(","):
             for form in args.forms.split(","):
                 label = f"{tm.ENCODERS[key].title}, {form}"
