@@ -278,15 +278,13 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
     if _past(deadline):  # no try could start: the setup (the ranges' session and runs) would be lost
         return _finish(result, start)
     names = tensors_to_range(base, kinds) if kinds else []
-    calibrated: dict[str, tuple[float, float]] = {}
-    calibrated_done = False
+    calibrated: dict[str, tuple[float, float]] | None = None  # computed once a verdict needs them
 
     def calibrate() -> dict[str, tuple[float, float]]:
-        nonlocal calibrated_done
-        if not calibrated_done:
-            calibrated.update((calibrated_ranges(fp32, names, batches) if ranges_of is None else ranges_of(names))
-                              if names else {})
-            calibrated_done = True
+        nonlocal calibrated
+        if calibrated is None:
+            calibrated = (calibrated_ranges(fp32, names, batches) if ranges_of is None else ranges_of(names)) \
+                if names else {}
         return calibrated
 
     if all_losses:
@@ -318,18 +316,18 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
         if mode is None:
             done = per_token_dynamic(cand)
         else:
-            done = apply_attention(cand, modes, calibrated if calibrated_done else stand_in)
+            done = apply_attention(cand, modes, calibrated if calibrated is not None else stand_in)
         if not done:
             continue
         cur_ms, ms = timed(cand)
         timed_ok = _timed_ok(cur_ms, ms, mode)
-        if mode is AttnMode.STATIC and not calibrated_done and timed_ok:  # timed on stand-ins: the real file now
+        if mode is AttnMode.STATIC and calibrated is None and timed_ok:  # timed on stand-ins: the real file now
             exact = copy.deepcopy(cur)
             done_exact = apply_attention(exact, modes, calibrate())
             built.pop(id(cand), None)
             cand = exact
-            same = done_exact == done and all(
-                c == _zero_point_classes(calibrated).get(t, c) for t, c in _zero_point_classes(stand_in).items())
+            real = _zero_point_classes(calibrate())
+            same = done_exact == done and all(real.get(t, c) == c for t, c in _zero_point_classes(stand_in).items())
             done = done_exact
             if not done:
                 continue
@@ -366,7 +364,7 @@ def choose_attention(base: onnx.ModelProto, reference: onnx.ModelProto, fp32: on
             if mode is AttnMode.STATIC:
                 result.needed.update(tensors_to_range(base, chosen))
         cur, cur_loss = cand, loss
-    result.ranges = dict(calibrated)
+    result.ranges = dict(calibrated or {})
     return _finish(result, start)
 
 
