@@ -41,3 +41,21 @@ def test_the_recognizer_reads_rendered_lines(rec: Path) -> None:
 def test_unknown_model_names_are_model_errors() -> None:
     with pytest.raises(ModelError, match="unknown PP-OCRv6 model 'table'"):
         zoo.ppocr_v6_model_path("table")
+
+
+def test_the_recognizer_quantizes_and_exports_with_the_defaults(rec: Path, tmp_path: Path) -> None:
+    """quantize_onnx's defaults on 32 rendered lines of one sample each, then export with its validation: the file is
+    written and reads held-out lines in onnxruntime within 3 points of FP32. (Its validation's first look, three
+    samples, refused such a file once: the later calibration batches confirm a refusal, export.validate.)"""
+    import netquant
+
+    name = onnx.load(str(rec), load_external_data=False).graph.input[0].name
+    x = rec_batch(make_text_lines(32, seed=1000))
+    qm = netquant.quantize_onnx(str(rec), [{name: x[i:i + 1]} for i in range(len(x))], quiet=True)
+    out = tmp_path / "rec_int8.onnx"
+    report = qm.export(out)
+    assert report.validated and report.validation_batches in (3, 24)
+    lines = make_text_lines(48, seed=2000)
+    words, truth = zoo.ppocr_v6_rec_dictionary(), [line.text for line in lines]
+    scores = [rec_score(p, rec_batch(lines), truth, words, threads=1) for p in (rec, out)]
+    assert scores[1].line_acc >= scores[0].line_acc - 0.03 and scores[1].char_acc >= scores[0].char_acc - 0.01, scores

@@ -417,7 +417,8 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
                         agreement = compare_with_executor(qgraph, sess, batches, where, min_cosine, accumulation,
                                                           max_error_ratio, record=record,
                                                           engine_runs=_placement_runs(qgraph, model, batches,
-                                                                                      in_engine))
+                                                                                      in_engine),
+                                                          confirm=sample is None)
                     except ExportError:
                         check_upgrade(qgraph, batches[0])
                         raise
@@ -441,7 +442,8 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
                                                                   else Validation.QDQ_REFERENCE) + ov_note),
         reference_only=validate and ov_check is None and not in_engine,
         output_cosine={k: a.ort_vs_fake_quant for k, a in agreement.items()},
-        output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()}, validation_batches=len(batches),
+        output_max_abs_diff={k: a.max_abs_diff for k, a in agreement.items()},
+        validation_batches=max((a.batches for a in agreement.values()), default=len(batches)),
         accumulation=accumulation, cpu_target=qgraph.platform.cpu_target.value if qgraph.platform.cpu_target is not None else None,
         int8_kernels=kernels,
         runtime_qdq=ort_runtime_qdq(counts) if counts is not None else None,

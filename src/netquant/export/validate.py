@@ -5,7 +5,7 @@ fake-quant run over several batches (cosine similarity of every output, see Agre
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -126,6 +126,7 @@ class Agreement:
     max_abs_diff: float
     engine_max_abs: float = 0.0
     fp32_max_abs: float = 0.0
+    batches: int = 0  # the validation batches the cosines pool (compare_with_executor)
 
     @property
     def zero_output(self) -> bool:
@@ -201,16 +202,45 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
                           min_cosine: float, accumulation: Accumulation = Accumulation.EXACT,
                           max_error_ratio: float | None = DEFAULT_MAX_ERROR_RATIO,
                           record: dict[str, list[np.ndarray]] | None = None,
-                          engine_runs: Mapping[int, list[np.ndarray]] | None = None) -> dict[str, Agreement]:
+                          engine_runs: Mapping[int, list[np.ndarray]] | None = None,
+                          confirm: bool = False) -> dict[str, Agreement]:
     """Every float output over all `batches`: onnxruntime vs the executor's fake-quant run (int8 kernels summing
     as `accumulation`, i.e. this machine's onnxruntime) and vs FP32. ExportError unless every output is
     accepted (Agreement.accepted). record: filled with the engine's outputs, per output name one array per batch
     (export.fidelity compares them with FP32). engine_runs: batch index -> `sess`'s outputs of that batch where
-    onnxruntime ran the same file on it already (placement's warm-up run: QuantizedGraph.engine_outputs)."""
-    runs: dict[str, dict[str, list[np.ndarray]]] = {}
+    onnxruntime ran the same file on it already (placement's warm-up run: QuantizedGraph.engine_outputs).
+    confirm: where `batches` refuse the file, the calibration batches kept after them
+    (QuantizedGraph.confirmation_batches) are run too and the verdict is taken over all of them (Agreement.batches
+    says how many decided): a few samples of a high-variance output refuse sound files, while an engine that
+    computes differently stays refused over more."""
     fq_ex = qgraph.executor(fake_quant=True, accumulation=accumulation)
+    runs: dict[str, dict[str, list[np.ndarray]]] = {}
     cached = calibration_fp32(qgraph, batches)
     reused = placement_fake_quant(qgraph, batches[0], accumulation) if batches else None
+    _collect(qgraph, sess, batches, where, fq_ex, runs, cached, reused, record, engine_runs)
+    result = _agreements(runs, len(batches))
+    refuse_zero_outputs(result, where, "onnxruntime")
+    detail = rejected(result, min_cosine, max_error_ratio)
+    more = [sample_feeds(qgraph, b) for b in qgraph.confirmation_batches] if detail and confirm else []
+    if more:
+        _collect(qgraph, sess, more, where, fq_ex, runs, None, None, None, None)
+        result = _agreements(runs, len(batches) + len(more))
+        refuse_zero_outputs(result, where, "onnxruntime")
+        detail = rejected(result, min_cosine, max_error_ratio)
+    if detail:
+        raise ExportError(f"exported model for '{where}' disagrees with netquant's fake-quant executor over "
+                          f"{len(batches) + len(more)} batch(es) in onnxruntime: cosine {detail}; min_cosine "
+                          f"{min_cosine}. {likely_cause(qgraph, accumulation)} No file written.")
+    return result
+
+
+def _collect(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str, fq_ex: Any,
+             runs: dict[str, dict[str, list[np.ndarray]]], cached: list[dict[str, Any]] | None,
+             reused: dict[str, Any] | None, record: dict[str, list[np.ndarray]] | None,
+             engine_runs: Mapping[int, list[np.ndarray]] | None) -> None:
+    """Run `batches` in onnxruntime (or take engine_runs), the fake-quant executor `fq_ex` (or `reused` for the
+    first) and FP32 (or `cached`), appending each float output's three runs to `runs` (and the engine's to
+    `record`); ExportError on a shape mismatch or a non-finite engine output."""
     fp_ex = qgraph.executor(fake_quant=False) if cached is None else None
     names = [m.name for m in sess.get_outputs()]
     for i, feeds in enumerate(batches):
@@ -235,16 +265,12 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
             entry["ort"].append(y)
             entry["fq"].append(r)
             entry["fp"].append(_to_numpy(fp[name]))
-    result: dict[str, Agreement] = {}
-    for name, e in runs.items():
-        result[name] = agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("ort", "fq", "fp")))
-    refuse_zero_outputs(result, where, "onnxruntime")
-    detail = rejected(result, min_cosine, max_error_ratio)
-    if detail:
-        raise ExportError(f"exported model for '{where}' disagrees with netquant's fake-quant executor over "
-                          f"{len(batches)} batch(es) in onnxruntime: cosine {detail}; min_cosine {min_cosine}. "
-                          f"{likely_cause(qgraph, accumulation)} No file written.")
-    return result
+
+
+def _agreements(runs: Mapping[str, Mapping[str, list[np.ndarray]]], batches: int) -> dict[str, Agreement]:
+    """Each output's Agreement over its runs so far (`batches` of them)."""
+    return {name: replace(agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("ort", "fq", "fp"))),
+                          batches=batches) for name, e in runs.items()}
 
 
 def agreement_of(engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> Agreement:

@@ -88,7 +88,9 @@ def _needs_params(cfg: TensorQuantConfig | None) -> bool:
 VALIDATION_BATCHES = 3  # calibration batches kept for export validation ...
 VALIDATION_SAMPLES = 24  # ... until they hold this many samples (the first batch always whole, a later one cut to the
 # samples still needed where it can be; 16 made the LiteRT check of PP-OCRv4 rec borderline: 2 batches of 8 refused a
-# file that 3 accept, 98.5% in LiteRT)
+# file that 3 accept, 98.5% in LiteRT); the later batches up to this many samples in all are kept too
+# (QuantizedGraph.confirmation_batches): with batches of one sample, 3 samples of a CTC recognizer's output can put
+# onnxruntime's error at 3x the simulation's where 56 put it at 1.14x (PP-OCRv6 rec), so a refusal is confirmed on them
 RANGE_KEEP_BYTES = 128 << 20  # matmul_ranges' FP32 tensors kept per later validation batch, at most
 
 
@@ -363,7 +365,8 @@ class CalibrationPass(PassBase):
         if shard is not None:
             check_mergeable([o for _, o in observed])
             keep_outputs = keep_outputs and shard.rank == 0
-        first_batches = first_samples = 0
+        first_batches = first_samples = confirm_samples = 0
+        keep_confirmation = not qgraph.confirmation_batches  # (a second calibration run keeps none again)
         pool: SamplePool | None = None  # the later batches on sample threads (passes.calib_pool)
         pool_why: str | None = None
 
@@ -441,6 +444,9 @@ class CalibrationPass(PassBase):
                     if early:
                         recording.clear()
                     continue
+                if keep_confirmation and first_samples + confirm_samples < VALIDATION_SAMPLES:  # validation's 2nd look
+                    qgraph.confirmation_batches.append(batch)
+                    confirm_samples += samples_in(batch)
                 if not decided:
                     decided = True
                     if blocker is None and (shard is None or shard.rank == 0):

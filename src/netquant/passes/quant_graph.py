@@ -256,6 +256,9 @@ class QuantizedGraph:
         self.warnings: list[str] = list(warnings)
         self.sample_inputs: dict[str, torch.Tensor] | None = None  # one calibration batch (export checks)
         self.validation_batches: list[dict[str, torch.Tensor]] = []  # the first calibration batches (export checks)
+        # the calibration batches after them, until both hold calibration.VALIDATION_SAMPLES samples: export
+        # validation's second look before it refuses a file (export.validate.compare_with_executor)
+        self.confirmation_batches: list[dict[str, torch.Tensor]] = []
         # calibration: the FP32 graph outputs of validation_batches and the graph_state they were computed on
         self.validation_fp32: list[dict[str, Any]] = []
         self.validation_fp32_state: tuple[Any, ...] | None = None
