@@ -41,6 +41,11 @@ RANKED_REGIONS: dict[Effort, int | None] = {Effort.FAST: 0, Effort.DEFAULT: 12, 
 # all-INT8 loss (ViT-B/16's patch embedding: 0.7% of the weights, ~45% of the loss with pixels per tensor uint8)
 EDGE_MAX_WEIGHT_SHARE = 0.02
 EDGE_MIN_GAIN = 0.10
+# ... but an embedding table (a Gather of a constant) stays float under BALANCED only where floating it saves at least
+# TABLE_MIN_GAIN of the loss: a float table costs 3 bytes per element, and onnxruntime's quantize_dynamic, the size
+# users compare with, stores tables int8 (the position tables of random-init 6 x 384 BERT-like encoders hold 14-18%:
+# int8 under BALANCED, float under ACCURACY)
+TABLE_MIN_GAIN = 0.30
 # ... and a Conv / MatMul / Gemm edge keeps its weights int8 (weight-only: activations float, the file 3 bytes per
 # weight smaller) where that keeps at least WEIGHT_ONLY_SHARE of what floating it saves (ViT's patch embedding: 85%)
 WEIGHT_ONLY_SHARE = 0.75

@@ -11,7 +11,9 @@ about as often (per token or pixel position): floating it costs at most that sha
 is kept float when the accuracy budget's meter (fake quantization, one torch thread, the budget's samples) measures
 that floating it alone saves at least EDGE_MIN_GAIN of the all-INT8 loss: an input quantized per tensor over a wide
 dynamic range (pixels, log-mel features), or a table whose per-row int8 error every token carries, can hold a large
-share of the whole model's error. A Conv / MatMul / Gemm edge is kept weight-only instead (its activations float, its
+share of the whole model's error. A table's bar is TABLE_MIN_GAIN under BALANCED (the default): a float table costs 3
+bytes per element where the file is meant to be small, so a table saving less stays int8 per row and is recorded as
+such (`int8_table`), with what floating it would save; ACCURACY floats it from EDGE_MIN_GAIN. A Conv / MatMul / Gemm edge is kept weight-only instead (its activations float, its
 weights int8 behind a DequantizeLinear: the file 3 bytes per weight smaller than float) where that keeps at least
 WEIGHT_ONLY_SHARE of what floating it saves and it holds WEIGHT_ONLY_MIN_WEIGHTS or more (smaller ones, a CNN's first
 conv, save a few KB: they stay float). No clock enters the choice: the same model, data and settings give the
@@ -22,18 +24,31 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from netquant.analysis.placement.constants import EDGE_MAX_WEIGHT_SHARE, EDGE_MIN_GAIN, WEIGHT_ONLY_SHARE
+from netquant.analysis.placement.constants import (
+    EDGE_MAX_WEIGHT_SHARE,
+    EDGE_MIN_GAIN,
+    TABLE_MIN_GAIN,
+    WEIGHT_ONLY_SHARE,
+)
 from netquant.analysis.placement.records import significant
 from netquant.analysis.regions import Region
 from netquant.graph import Graph
+from netquant.passes.settings import Objective
 
 EDGE_OPS = ("Conv", "MatMul", "Gemm")
 _PASS_THROUGH = ("Reshape", "Transpose", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast")
 
 
+def min_gain(op_type: str, objective: Objective) -> float:
+    """The share of the all-INT8 loss floating an edge region must save to stay float: TABLE_MIN_GAIN for a table
+    (Gather) under BALANCED, else EDGE_MIN_GAIN."""
+    return TABLE_MIN_GAIN if op_type == "Gather" and objective is Objective.BALANCED else EDGE_MIN_GAIN
+
+
 @dataclass(frozen=True)
 class EdgeFloat:
-    """One edge region kept float, or weight-only (int8 weights, float activations): its share of the compute
+    """One edge region kept float, or weight-only (int8 weights, float activations), or a table kept int8 though
+    floating it saves EDGE_MIN_GAIN (`int8_table`: under TABLE_MIN_GAIN, BALANCED): its share of the compute
     weights, the all-INT8 loss, the loss with it float and (Conv / MatMul / Gemm) with it weight-only."""
 
     anchor: str
@@ -41,6 +56,12 @@ class EdgeFloat:
     loss_all_int8: float
     loss_float: float
     loss_weight_only: float | None = None
+    int8_table: bool = False
+
+    @property
+    def floated(self) -> bool:
+        """Kept float: neither weight-only nor a table kept int8."""
+        return not self.weight_only and not self.int8_table
 
     @property
     def weight_only(self) -> bool:
@@ -55,6 +76,8 @@ class EdgeFloat:
                                         "loss_float": significant(self.loss_float)}
         if self.loss_weight_only is not None:
             out.update({"loss_weight_only": significant(self.loss_weight_only), "weight_only": self.weight_only})
+        if self.int8_table:
+            out["int8_table"] = True
         return out
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from netquant.analysis.placement.constants import EDGE_MIN_GAIN, FORMAT, WEIGHT_ONLY_SHARE
+from netquant.analysis.placement.constants import EDGE_MIN_GAIN, FORMAT, TABLE_MIN_GAIN, WEIGHT_ONLY_SHARE
 from netquant.atomic import write_text_atomic
 from netquant.errors import ConfigError
 
@@ -36,8 +36,8 @@ class Reason:
     ALL_DYNAMIC = "dynamic: the file with every MatMul region dynamic timed fastest"
     WIDER_NOT_ENOUGH = "accuracy budget: float (every region in the wider format is not enough)"
     EDGE = ("float: the first / last projection or a small embedding table, a small share of the weights, floating "
-            "it saves at least "
-            f"{EDGE_MIN_GAIN:.0%} of the all-INT8 loss (measured['edge_floats'])")
+            f"it saves at least {EDGE_MIN_GAIN:.0%} of the all-INT8 loss ({TABLE_MIN_GAIN:.0%} for a table under the "
+            "balanced objective; measured['edge_floats'])")
     EDGE_WEIGHT_ONLY = ("weight-only: the first / last projection, its activations float and its weights int8 keep "
                         f"at least {WEIGHT_ONLY_SHARE:.0%} of what floating it saves (measured['edge_floats'])")
 

@@ -25,7 +25,13 @@ from netquant.analysis.placement.constants import (
     WIDER_SHARE,
 )
 from netquant.analysis.placement.dynamic import choose_dynamic_and_attention
-from netquant.analysis.placement.edges import EDGE_OPS, EdgeFloat, edge_candidates, region_weight_count
+from netquant.analysis.placement.edges import (
+    EDGE_OPS,
+    EdgeFloat,
+    edge_candidates,
+    min_gain,
+    region_weight_count,
+)
 from netquant.analysis.placement.files import apply_placement_file
 from netquant.analysis.placement.inputs import host_info_dict, model_hash
 from netquant.analysis.placement.measure import SearchState, clear_verdict
@@ -151,8 +157,9 @@ def _budget_only(s: SearchState, budget: AccuracyBudget, placement: Placement, s
 
 
 def edge_floats(s: SearchState, budget: AccuracyBudget, objective: Objective) -> dict[str, EdgeFloat]:
-    """The edge regions (placement.edges) kept float: floating each alone saves at least EDGE_MIN_GAIN of the
-    all-INT8 loss (the budget's meter; BALANCED / ACCURACY only, LATENCY has no accuracy budget)."""
+    """The edge regions (placement.edges) measured to save at least EDGE_MIN_GAIN of the all-INT8 loss when float
+    (the budget's meter; BALANCED / ACCURACY only, LATENCY has no accuracy budget): kept float or weight-only where
+    they save edges.min_gain, else (a table under BALANCED) recorded as an int8 table."""
     if objective is Objective.LATENCY or budget.meter is None:
         return {}
     candidates = edge_candidates(s.qgraph.graph, s.regions)
@@ -166,11 +173,13 @@ def edge_floats(s: SearchState, budget: AccuracyBudget, objective: Objective) ->
         if s.settle({a}) != {a}:  # onnxruntime would quantize it anyway (or it drags others along)
             continue
         lf = budget.loss({a})
-        if base - lf >= EDGE_MIN_GAIN * base:
-            r = s.by_anchor[a]
+        r = s.by_anchor[a]
+        if base - lf >= min_gain(r.op_type, objective) * base:
             lw = budget.weight_only_loss(a) if r.op_type in EDGE_OPS and \
                 region_weight_count(s.qgraph.graph, r) >= WEIGHT_ONLY_MIN_WEIGHTS else None
             out[a] = EdgeFloat(a, share, base, lf, lw)
+        elif base - lf >= EDGE_MIN_GAIN * base:
+            out[a] = EdgeFloat(a, share, base, lf, int8_table=True)
     return out
 
 
@@ -254,10 +263,10 @@ def _search_placement(qgraph: QuantizedGraph, settings: QuantSettings, time_budg
     if ranges is not None:
         measured["matmul_ranges"] = ranges
     edges = edge_floats(s, budget, objective)
-    edge = frozenset(a for a, e in edges.items() if not e.weight_only)
+    edge = frozenset(a for a, e in edges.items() if e.floated)
     if edges:
         measured["edge_floats"] = {a: e.as_dict() for a, e in sorted(edges.items())}
-    apply_weight_only(s, budget, frozenset(edges) - edge)
+    apply_weight_only(s, budget, frozenset(a for a, e in edges.items() if e.weight_only))
     # INT8 first (BALANCED, ACCURACY): the all-INT8 file is kept whole when it is no slower than the user's FP32
     # model, timed interleaved without the profiler (whose per-node overhead weighs on the Q/DQ-rich INT8 graph);
     # with the edge floats float (decided above, from the model and data alone): the file that ships if it is kept
