@@ -4,8 +4,9 @@ fake-quant run over several batches (cosine similarity of every output, see Agre
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -214,17 +215,17 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     says how many decided): a few samples of a high-variance output refuse sound files, while an engine that
     computes differently stays refused over more."""
     fq_ex = qgraph.executor(fake_quant=True, accumulation=accumulation)
-    runs: dict[str, dict[str, list[np.ndarray]]] = {}
+    runs: dict[str, AgreementSums] = {}
     cached = calibration_fp32(qgraph, batches)
     reused = placement_fake_quant(qgraph, batches[0], accumulation) if batches else None
     _collect(qgraph, sess, batches, where, fq_ex, runs, cached, reused, record, engine_runs)
-    result = _agreements(runs, len(batches))
+    result = {name: sums.agreement() for name, sums in runs.items()}
     refuse_zero_outputs(result, where, "onnxruntime")
     detail = rejected(result, min_cosine, max_error_ratio)
     more = [sample_feeds(qgraph, b) for b in qgraph.confirmation_batches] if detail and confirm else []
     if more:
         _collect(qgraph, sess, more, where, fq_ex, runs, None, None, None, None)
-        result = _agreements(runs, len(batches) + len(more))
+        result = {name: sums.agreement() for name, sums in runs.items()}
         refuse_zero_outputs(result, where, "onnxruntime")
         detail = rejected(result, min_cosine, max_error_ratio)
     if detail:
@@ -235,11 +236,11 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
 
 
 def _collect(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str, fq_ex: Any,
-             runs: dict[str, dict[str, list[np.ndarray]]], cached: list[dict[str, Any]] | None,
+             runs: dict[str, AgreementSums], cached: list[dict[str, Any]] | None,
              reused: dict[str, Any] | None, record: dict[str, list[np.ndarray]] | None,
              engine_runs: Mapping[int, list[np.ndarray]] | None) -> None:
     """Run `batches` in onnxruntime (or take engine_runs), the fake-quant executor `fq_ex` (or `reused` for the
-    first) and FP32 (or `cached`), appending each float output's three runs to `runs` (and the engine's to
+    first) and FP32 (or `cached`), adding each output's three runs to its sums in `runs` (and the engine's to
     `record`); ExportError on a shape mismatch or a non-finite engine output."""
     fp_ex = qgraph.executor(fake_quant=False) if cached is None else None
     names = [m.name for m in sess.get_outputs()]
@@ -261,16 +262,61 @@ def _collect(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.n
                 raise ExportError(f"exported model for '{where}' produces NaN/Inf in output '{name}'")
             if record is not None:
                 record.setdefault(name, []).append(y)
-            entry = runs.setdefault(name, {"ort": [], "fq": [], "fp": []})
-            entry["ort"].append(y)
-            entry["fq"].append(r)
-            entry["fp"].append(_to_numpy(fp[name]))
+            runs.setdefault(name, AgreementSums()).add(y, r, _to_numpy(fp[name]))
 
 
-def _agreements(runs: Mapping[str, Mapping[str, list[np.ndarray]]], batches: int) -> dict[str, Agreement]:
-    """Each output's Agreement over its runs so far (`batches` of them)."""
-    return {name: replace(agreement_of(*(np.concatenate([a.ravel() for a in e[k]]) for k in ("ort", "fq", "fp"))),
-                          batches=batches) for name, e in runs.items()}
+@dataclass
+class AgreementSums:
+    """One output's engine (e), fake-quant (q) and FP32 (f) runs summed batch by batch in float64 (dot products, squared
+    norms, largest magnitudes): the Agreement over all batches so far, each batch widened once and never
+    concatenated (PP-OCRv6 rec's 24 x 750k-element outputs: 2.1 -> 0.3 s). Non-float outputs: exact equality."""
+
+    ee: float = 0.0
+    qq: float = 0.0
+    ff: float = 0.0
+    eq: float = 0.0
+    ef: float = 0.0
+    qf: float = 0.0
+    max_abs_diff: float = 0.0
+    engine_max_abs: float = 0.0
+    fp32_max_abs: float = 0.0
+    floating: bool = True
+    same: bool = True
+    batches: int = 0
+
+    def add(self, engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> None:
+        self.batches += 1
+        if not np.issubdtype(engine_y.dtype, np.floating):
+            self.floating = False
+            self.same = self.same and bool(np.array_equal(engine_y, fq_y))
+            diff = np.abs(fq_y.astype(np.float64) - engine_y.astype(np.float64)).max(initial=0)
+            self.max_abs_diff = max(self.max_abs_diff, float(diff))
+            return
+        e, q, f = (y.astype(np.float64).ravel() for y in (engine_y, fq_y, fp_y))
+        self.ee += float(e @ e)
+        self.qq += float(q @ q)
+        self.ff += float(f @ f)
+        self.eq += float(e @ q)
+        self.ef += float(e @ f)
+        self.qf += float(q @ f)
+        self.max_abs_diff = max(self.max_abs_diff, float(np.abs(q - e).max(initial=0)))
+        self.engine_max_abs = max(self.engine_max_abs, float(np.abs(e).max(initial=0)))
+        self.fp32_max_abs = max(self.fp32_max_abs, float(np.abs(f).max(initial=0)))
+
+    def agreement(self) -> Agreement:
+        if not self.floating:
+            same = float(self.same)
+            return Agreement(same, same, same, self.max_abs_diff, batches=self.batches)
+        ne, nq, nf = (math.sqrt(x) for x in (self.ee, self.qq, self.ff))
+        return Agreement(_cosine_of(self.eq, ne, nq), _cosine_of(self.ef, ne, nf), _cosine_of(self.qf, nq, nf),
+                         self.max_abs_diff, self.engine_max_abs, self.fp32_max_abs, batches=self.batches)
+
+
+def _cosine_of(dot: float, na: float, nb: float) -> float:
+    """dot / (na nb), 1.0 when both norms are zero (as _cosine64)."""
+    if na == 0 and nb == 0:
+        return 1.0
+    return float(dot / max(na * nb, 1e-300))
 
 
 def agreement_of(engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> Agreement:

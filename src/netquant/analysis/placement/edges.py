@@ -13,8 +13,9 @@ that floating it alone saves at least EDGE_MIN_GAIN of the all-INT8 loss: an inp
 dynamic range (pixels, log-mel features), or a table whose per-row int8 error every token carries, can hold a large
 share of the whole model's error. A table's bar is TABLE_MIN_GAIN under BALANCED (the default): a float table costs 3
 bytes per element where the file is meant to be small, so a table saving less stays int8 per row and is recorded as
-such (`int8_table`), with what floating it would save; ACCURACY floats it from EDGE_MIN_GAIN. A Conv / MatMul / Gemm edge is kept weight-only instead (its activations float, its
-weights int8 behind a DequantizeLinear: the file 3 bytes per weight smaller than float) where that keeps at least
+such (`int8_table`), with what floating it would save; ACCURACY floats it from EDGE_MIN_GAIN. A Conv / MatMul / Gemm
+edge is kept weight-only instead (its activations float, its weights int8 behind a DequantizeLinear: the file 3 bytes
+per weight smaller than float) where that keeps at least
 WEIGHT_ONLY_SHARE of what floating it saves and it holds WEIGHT_ONLY_MIN_WEIGHTS or more (smaller ones, a CNN's first
 conv, save a few KB: they stay float). No clock enters the choice: the same model, data and settings give the
 same edge floats.
