@@ -24,6 +24,7 @@ from netquant.export.fidelity import (
     EngineComparison,
     check_vs_fp32,
     compare_with_fp32,
+    confirmed_vs_fp32,
 )
 from netquant.export.layer_norm_apart import keep_layer_norms_apart
 from netquant.export.opset import (
@@ -426,6 +427,8 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
                                                 "the Q/DQ reference (onnxruntime, graph optimizations off)",
                                                 sample_given=sample is not None,
                                                 int8_session=sess if in_engine else None)
+                    if sample is None:
+                        vs_fp32 = confirmed_vs_fp32(qgraph, vs_fp32, record, batches, sess, min_fp32_cosine)
                     check_vs_fp32(vs_fp32, min_fp32_cosine, where)
                     counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)
