@@ -149,3 +149,34 @@ def test_the_check_against_fp32_confirms_a_refusal_on_the_later_batches_too(rec_
     with pytest.raises(ExportError, match=f"over {VALIDATION_SAMPLES} sample"):
         export_qdq(qgraph, tmp_path / "refused.onnx", min_fp32_cosine=(all24 + 1) / 2)
     assert not (tmp_path / "refused.onnx").exists()
+
+
+def test_the_confirmation_runs_the_executors_on_stacks_calibration_checked(rec_int8) -> None:
+    """The 21 later batches run in the executors as stacks of at most the samples per stack calibration checked
+    (8 here: 8 + 8 + 5), onnxruntime still one batch at a time: the pooled cosines equal those of one executor run
+    per batch to 1e-6; with an activation quantized at run time (a scale over the whole stack) every batch runs
+    alone."""
+    from netquant.export.validate import AgreementSums, _collect, stack_groups
+    from netquant.platforms.targets import host_accumulation as acc
+
+    qgraph, path, name, x = rec_int8
+    more = [sample_feeds(qgraph, b) for b in qgraph.confirmation_batches]
+    groups = stack_groups(qgraph, more)
+    per_stack = qgraph.calibration.stack_samples
+    assert per_stack == 8 and [len(g) for g in groups] == [8, 8, 5]
+    assert [i for g in groups for i in g] == list(range(len(more)))
+    sess, fq_ex = ort_session(str(path), str(path)), qgraph.executor(fake_quant=True, accumulation=acc())
+    stacked: dict[str, AgreementSums] = {}
+    alone: dict[str, AgreementSums] = {}
+    _collect(qgraph, sess, more, str(path), fq_ex, stacked, None, None, None, None, groups=groups)
+    _collect(qgraph, sess, more, str(path), fq_ex, alone, None, None, None, None)
+    (a,), (b,) = ([s.agreement() for s in d.values()] for d in (stacked, alone))
+    assert a.batches == b.batches == len(more)
+    for k in ("ort_vs_fake_quant", "ort_vs_fp32", "fake_quant_vs_fp32"):
+        assert getattr(a, k) == pytest.approx(getattr(b, k), abs=1e-6)
+    saved = qgraph.dynamic_ops
+    try:
+        qgraph.dynamic_ops = {"MatMul.0"}
+        assert stack_groups(qgraph, more) == [[i] for i in range(len(more))]
+    finally:
+        qgraph.dynamic_ops = saved

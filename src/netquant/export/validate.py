@@ -224,7 +224,7 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     detail = rejected(result, min_cosine, max_error_ratio)
     more = [sample_feeds(qgraph, b) for b in qgraph.confirmation_batches] if detail and confirm else []
     if more:
-        _collect(qgraph, sess, more, where, fq_ex, runs, None, None, None, None)
+        _collect(qgraph, sess, more, where, fq_ex, runs, None, None, None, None, groups=stack_groups(qgraph, more))
         result = {name: sums.agreement() for name, sums in runs.items()}
         refuse_zero_outputs(result, where, "onnxruntime")
         detail = rejected(result, min_cosine, max_error_ratio)
@@ -235,18 +235,52 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     return result
 
 
+def stack_groups(qgraph: QuantizedGraph, batches: Sequence[dict[str, np.ndarray]]) -> list[list[int]]:
+    """Runs of consecutive `batches` of one layout the executor may run as one stack: up to the samples per stack
+    calibration checked (CalibrationCounts.stack_samples: a stacked FP32 run gave the batches' outputs), where no
+    activation is quantized at run time (a dynamic scale would span the stack); else one batch per group."""
+    from netquant.passes.calib_stack import samples_in
+
+    per_stack = qgraph.calibration.stack_samples
+    if per_stack <= 1 or qgraph.calibration.stack_blocker or qgraph.dynamic_ops or qgraph.attention_rewrite is not None:
+        return [[i] for i in range(len(batches))]
+    groups: list[list[int]] = []
+    for i, feeds in enumerate(batches):
+        last = groups[-1] if groups else None
+        if last is not None and _layout(feeds) == _layout(batches[last[0]]) and \
+                sum(samples_in(batches[j]) for j in last) + samples_in(feeds) <= per_stack:
+            last.append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _layout(feeds: Mapping[str, np.ndarray]) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Each input's shape past dim 0 and its dtype (batches of one layout stack along dim 0)."""
+    return {k: (tuple(np.shape(v)[1:]), np.asarray(v).dtype) for k, v in feeds.items()}
+
+
 def _collect(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.ndarray]], where: str, fq_ex: Any,
              runs: dict[str, AgreementSums], cached: list[dict[str, Any]] | None,
              reused: dict[str, Any] | None, record: dict[str, list[np.ndarray]] | None,
-             engine_runs: Mapping[int, list[np.ndarray]] | None) -> None:
+             engine_runs: Mapping[int, list[np.ndarray]] | None, groups: list[list[int]] | None = None) -> None:
     """Run `batches` in onnxruntime (or take engine_runs), the fake-quant executor `fq_ex` (or `reused` for the
     first) and FP32 (or `cached`), adding each output's three runs to its sums in `runs` (and the engine's to
-    `record`); ExportError on a shape mismatch or a non-finite engine output."""
+    `record`); ExportError on a shape mismatch or a non-finite engine output. groups (stack_groups; not with
+    cached, reused, record or engine_runs): the batches of a group run in onnxruntime one by one, their outputs
+    concatenated along dim 0, and in the executors as one stack."""
     fp_ex = qgraph.executor(fake_quant=False) if cached is None else None
     names = [m.name for m in sess.get_outputs()]
-    for i, feeds in enumerate(batches):
-        known = engine_runs.get(i) if engine_runs else None
-        got = known if known is not None else _run_ort(sess, feeds, where)
+    for members in groups if groups is not None else [[i] for i in range(len(batches))]:
+        i = members[0]
+        if len(members) == 1:
+            known = engine_runs.get(i) if engine_runs else None
+            got = known if known is not None else _run_ort(sess, batches[i], where)
+            feeds = batches[i]
+        else:
+            parts = [_run_ort(sess, batches[j], where) for j in members]
+            got = [np.concatenate([p[k] for p in parts], axis=0) for k in range(len(names))]
+            feeds = {k: np.concatenate([batches[j][k] for j in members], axis=0) for k in batches[i]}
         torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
         with torch.no_grad():
             fq = reused if i == 0 and reused is not None else fq_ex.run(torch_feeds)
@@ -262,7 +296,7 @@ def _collect(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.n
                 raise ExportError(f"exported model for '{where}' produces NaN/Inf in output '{name}'")
             if record is not None:
                 record.setdefault(name, []).append(y)
-            runs.setdefault(name, AgreementSums()).add(y, r, _to_numpy(fp[name]))
+            runs.setdefault(name, AgreementSums()).add(y, r, _to_numpy(fp[name]), len(members))
 
 
 @dataclass
@@ -284,8 +318,9 @@ class AgreementSums:
     same: bool = True
     batches: int = 0
 
-    def add(self, engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray) -> None:
-        self.batches += 1
+    def add(self, engine_y: np.ndarray, fq_y: np.ndarray, fp_y: np.ndarray, batches: int = 1) -> None:
+        """The runs of `batches` validation batches (one, or a stack of several)."""
+        self.batches += batches
         if not np.issubdtype(engine_y.dtype, np.floating):
             self.floating = False
             self.same = self.same and bool(np.array_equal(engine_y, fq_y))
