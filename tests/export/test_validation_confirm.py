@@ -180,3 +180,23 @@ def test_the_confirmation_runs_the_executors_on_stacks_calibration_checked(rec_i
         assert stack_groups(qgraph, more) == [[i] for i in range(len(more))]
     finally:
         qgraph.dynamic_ops = saved
+
+
+def test_the_later_batches_kept_hold_at_most_the_byte_cap(monkeypatch) -> None:
+    """A second look keeps the later batches only while their inputs fit CONFIRM_KEEP_BYTES (large inputs would
+    otherwise pin 21 more samples): with the cap at two samples' bytes, two are kept."""
+    from onnx import TensorProto, helper
+
+    import netquant.passes.calibration as calibration
+
+    w = numpy_helper.from_array(np.random.default_rng(0).normal(0, 0.1, (64, 64)).astype(np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    calib = [{"x": np.random.default_rng(s).normal(0, 1, (1, 64)).astype(np.float32)} for s in range(12)]
+    kept = {}
+    for cap in (2 * 64 * 4, calibration.CONFIRM_KEEP_BYTES):
+        monkeypatch.setattr(calibration, "CONFIRM_KEEP_BYTES", cap)
+        kept[cap] = len(netquant.quantize_onnx(model, calib, objective=None, quiet=True).qgraph.confirmation_batches)
+    assert kept == {2 * 64 * 4: 2, calibration.CONFIRM_KEEP_BYTES: len(calib) - VALIDATION_BATCHES}

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -81,6 +82,11 @@ def graph_state(graph: Graph) -> tuple[Any, ...]:
     return id(graph), nodes, inits
 
 
+def _input_bytes(batch: Mapping[str, Any]) -> int:
+    """Bytes of a batch's tensors."""
+    return sum(int(v.numel() * v.element_size()) for v in batch.values() if isinstance(v, torch.Tensor))
+
+
 def _needs_params(cfg: TensorQuantConfig | None) -> bool:
     return cfg is not None and cfg.state is QuantState.INITIAL and cfg.dominated_by is None
 
@@ -92,6 +98,7 @@ VALIDATION_SAMPLES = 24  # ... until they hold this many samples (the first batc
 # (QuantizedGraph.confirmation_batches): with batches of one sample, 3 samples of a CTC recognizer's output can put
 # onnxruntime's error at 3x the simulation's where 56 put it at 1.14x (PP-OCRv6 rec), so a refusal is confirmed on them
 RANGE_KEEP_BYTES = 128 << 20  # matmul_ranges' FP32 tensors kept per later validation batch, at most
+CONFIRM_KEEP_BYTES = 256 << 20  # the later batches kept for validation's second look hold at most this much input
 
 
 @dataclass
@@ -365,7 +372,7 @@ class CalibrationPass(PassBase):
         if shard is not None:
             check_mergeable([o for _, o in observed])
             keep_outputs = keep_outputs and shard.rank == 0
-        first_batches = first_samples = confirm_samples = 0
+        first_batches = first_samples = confirm_samples = confirm_bytes = 0
         keep_confirmation = not qgraph.confirmation_batches  # (a second calibration run keeps none again)
         pool: SamplePool | None = None  # the later batches on sample threads (passes.calib_pool)
         pool_why: str | None = None
@@ -445,8 +452,12 @@ class CalibrationPass(PassBase):
                         recording.clear()
                     continue
                 if keep_confirmation and first_samples + confirm_samples < VALIDATION_SAMPLES:  # validation's 2nd look
-                    qgraph.confirmation_batches.append(batch)
-                    confirm_samples += samples_in(batch)
+                    confirm_bytes += _input_bytes(batch)
+                    if confirm_bytes <= CONFIRM_KEEP_BYTES:
+                        qgraph.confirmation_batches.append(batch)
+                        confirm_samples += samples_in(batch)
+                    else:  # (large inputs: the second look keeps what fits)
+                        keep_confirmation = False
                 if not decided:
                     decided = True
                     if blocker is None and (shard is None or shard.rank == 0):
