@@ -188,8 +188,8 @@ def test_placement_onnxruntime_runs_are_kept_and_reused_bit_for_bit(tmp_path: Pa
     q.keep_engine_run(EngineRun(q.fp32_source, feeds, 1, source.session.run(None, feeds)))
     q.whole_model_timing = WholeModelTiming(2.5, 1.25, {"x": (1, 3, 16, 16)}, 1, quant_state(q))  # no timing runs
     runs = []
-    real = validate._run_ort
-    monkeypatch.setattr(validate, "_run_ort", lambda sess, feeds, where: runs.append(1) or real(sess, feeds, where))
+    real = validate.run_ort
+    monkeypatch.setattr(validate, "run_ort", lambda sess, feeds, where: runs.append(1) or real(sess, feeds, where))
     reused = export_qdq(qm, tmp_path / "a.onnx", check_kernels=False)
     assert len(runs) == reused.validation_batches - 1 == 2  # batch 0 from the kept run
     assert reused.vs_fp32 is not None and reused.vs_fp32.reference == "the source FP32 model in onnxruntime"

@@ -200,3 +200,14 @@ def test_the_later_batches_kept_hold_at_most_the_byte_cap(monkeypatch) -> None:
         monkeypatch.setattr(calibration, "CONFIRM_KEEP_BYTES", cap)
         kept[cap] = len(netquant.quantize_onnx(model, calib, objective=None, quiet=True).qgraph.confirmation_batches)
     assert kept == {2 * 64 * 4: 2, calibration.CONFIRM_KEEP_BYTES: len(calib) - VALIDATION_BATCHES}
+
+
+def test_an_engine_failure_on_a_batch_names_the_file(rec_int8) -> None:
+    """onnxruntime failing on a batch (here: a line image of the wrong height) is an ExportError naming the file, as
+    both checks' runs of the later batches report it (export.validate.run_ort)."""
+    from netquant.export.validate import run_ort
+
+    _, path, name, x = rec_int8
+    sess = ort_session(str(path), str(path))
+    with pytest.raises(ExportError, match=f"exported model for '{path}' fails in onnxruntime on a validation batch"):
+        run_ort(sess, {name: x[:1, :, :7]}, str(path))

@@ -395,7 +395,7 @@ def _placement_timing(qgraph: QuantizedGraph, feeds: Mapping[str, np.ndarray]) -
 
 def confirmed_vs_fp32(qgraph: QuantizedGraph, comparison: EngineComparison, engine_outputs: Mapping[str, Sequence[Any]],
                       batches: Sequence[Mapping[str, np.ndarray]], int8_session: Any,
-                      min_cosine: float | None) -> EngineComparison:
+                      min_cosine: float | None, where: str) -> EngineComparison:
     """`comparison` where no output's cosine vs FP32 is under min_cosine (or there is no check, or no calibration
     batches kept after `batches`); else the comparison over `batches` and those later batches
     (QuantizedGraph.confirmation_batches, run in `int8_session`), with the first comparison's timing: a refusal is
@@ -403,17 +403,13 @@ def confirmed_vs_fp32(qgraph: QuantizedGraph, comparison: EngineComparison, engi
     over 3 samples of one line each, 0.984 over 24, 99% of held-out lines read as FP32 reads them)."""
     if min_cosine is None or comparison.min_cosine >= min_cosine or not qgraph.confirmation_batches:
         return comparison
-    from netquant.export.validate import sample_feeds
+    from netquant.export.validate import run_ort, sample_feeds
 
     more = [sample_feeds(qgraph, b) for b in qgraph.confirmation_batches]
     names = [o.name for o in int8_session.get_outputs()]
     outputs = {k: list(v) for k, v in engine_outputs.items()}
     for feeds in more:
-        try:
-            got = int8_session.run(None, feeds)
-        except Exception as exc:
-            raise ExportError(f"the exported model fails in {comparison.engine} on a calibration batch: {exc}") from exc
-        for name, y in zip(names, got):
+        for name, y in zip(names, run_ort(int8_session, feeds, where)):
             if name in outputs:
                 outputs[name].append(y)
     wider = compare_with_fp32(qgraph, outputs, [*batches, *more], comparison.engine)

@@ -428,7 +428,7 @@ def _export_qdq(qmodel: Exportable, path: str | os.PathLike[str], opset: int | N
                                                 sample_given=sample is not None,
                                                 int8_session=sess if in_engine else None)
                     if sample is None:
-                        vs_fp32 = confirmed_vs_fp32(qgraph, vs_fp32, record, batches, sess, min_fp32_cosine)
+                        vs_fp32 = confirmed_vs_fp32(qgraph, vs_fp32, record, batches, sess, min_fp32_cosine, where)
                     check_vs_fp32(vs_fp32, min_fp32_cosine, where)
                     counts = saved_op_types(saved) if saved is not None else None
     target = Path(path)

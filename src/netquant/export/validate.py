@@ -157,7 +157,8 @@ QUALITY_MARGIN = 0.002  # ... plus this much
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32: below it engines may flush to zero
 
 
-def _run_ort(sess: Any, feeds: dict[str, np.ndarray], where: str) -> list[np.ndarray]:
+def run_ort(sess: Any, feeds: Mapping[str, np.ndarray], where: str) -> list[np.ndarray]:
+    """`sess`'s outputs on `feeds`; ExportError naming the file `where` when onnxruntime fails on them."""
     try:
         return sess.run(None, feeds)
     except Exception as exc:
@@ -218,16 +219,17 @@ def compare_with_executor(qgraph: QuantizedGraph, sess: Any, batches: Sequence[d
     runs: dict[str, AgreementSums] = {}
     cached = calibration_fp32(qgraph, batches)
     reused = placement_fake_quant(qgraph, batches[0], accumulation) if batches else None
+    def verdict() -> tuple[dict[str, Agreement], str]:
+        result = {name: sums.agreement() for name, sums in runs.items()}
+        refuse_zero_outputs(result, where, "onnxruntime")
+        return result, rejected(result, min_cosine, max_error_ratio)
+
     _collect(qgraph, sess, batches, where, fq_ex, runs, cached, reused, record, engine_runs)
-    result = {name: sums.agreement() for name, sums in runs.items()}
-    refuse_zero_outputs(result, where, "onnxruntime")
-    detail = rejected(result, min_cosine, max_error_ratio)
+    result, detail = verdict()
     more = [sample_feeds(qgraph, b) for b in qgraph.confirmation_batches] if detail and confirm else []
     if more:
         _collect(qgraph, sess, more, where, fq_ex, runs, None, None, None, None, groups=stack_groups(qgraph, more))
-        result = {name: sums.agreement() for name, sums in runs.items()}
-        refuse_zero_outputs(result, where, "onnxruntime")
-        detail = rejected(result, min_cosine, max_error_ratio)
+        result, detail = verdict()
     if detail:
         raise ExportError(f"exported model for '{where}' disagrees with netquant's fake-quant executor over "
                           f"{len(batches) + len(more)} batch(es) in onnxruntime: cosine {detail}; min_cosine "
@@ -275,10 +277,10 @@ def _collect(qgraph: QuantizedGraph, sess: Any, batches: Sequence[dict[str, np.n
         i = members[0]
         if len(members) == 1:
             known = engine_runs.get(i) if engine_runs else None
-            got = known if known is not None else _run_ort(sess, batches[i], where)
+            got = known if known is not None else run_ort(sess, batches[i], where)
             feeds = batches[i]
         else:
-            parts = [_run_ort(sess, batches[j], where) for j in members]
+            parts = [run_ort(sess, batches[j], where) for j in members]
             got = [np.concatenate([p[k] for p in parts], axis=0) for k in range(len(names))]
             feeds = {k: np.concatenate([batches[j][k] for j in members], axis=0) for k in batches[i]}
         torch_feeds = {k: torch.from_numpy(np.ascontiguousarray(v).reshape(np.shape(v))) for k, v in feeds.items()}
