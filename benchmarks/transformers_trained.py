@@ -530,10 +530,14 @@ def main() -> int:
     ap.add_argument("--ocr-eval", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--busy", action="store_true", help="a busy host: one spinning process per core (quant_time."
+                    "busy_cores), started before the first model and stopped after the last")
     ap.add_argument("--quick", action="store_true", help="small sets, results not written")
     ap.add_argument("--out", type=Path, default=RESULTS)
     args = ap.parse_args()
     args.forms = args.forms.split(",")
+    from quant_time import busy_cores  # (benchmarks/ is still on the path here)
+
     # keep benchmarks/ off the path: `import transformers` must be Hugging Face's, whatever files sit here
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
     if args.train_only:
@@ -545,7 +549,7 @@ def main() -> int:
         args.calib, args.per_class, args.ocr_eval, args.rounds, args.repeats = 8, 4, 16, 3, 2
     start, load0 = time.perf_counter(), os.getloadavg()
     sections = []
-    with tempfile.TemporaryDirectory(prefix="netquant_trained_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="netquant_trained_") as tmp, busy_cores(args.busy):
         if "bert" in args.models:
             sections += bert_case(args, Path(tmp))
         if "ocr" in args.models:
@@ -553,10 +557,11 @@ def main() -> int:
         load1 = os.getloadavg()
         lines = ["# Trained transformers: netquant default vs onnxruntime quantize_dynamic / quantize_static and NNCF",
                  "", host_info(ort_threads=1).markdown(),
-                 f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformers_trained.py` "
-                 f"({time.perf_counter() - start:.0f} s); load average {load0[0]:.1f} at the start, {load1[0]:.1f} at "
-                 "the end (2 cores shared with other jobs: absolute times are noisy, ratios within one table are the "
-                 "comparable numbers). Latency: one onnxruntime intra-op thread, every file of a table interleaved "
+                 f"onnxruntime {ort.__version__}; one run of `python benchmarks/transformers_trained.py"
+                 f"{' --busy' if args.busy else ''}` ({time.perf_counter() - start:.0f} s; "
+                 f"{'busy host: one spinning process per core started by the benchmark; ' if args.busy else ''}"
+                 f"load average {load0[0]:.1f} at the start, {load1[0]:.1f} at the end; absolute times are noisy, "
+                 "ratios within one table are the comparable numbers). Latency: one onnxruntime intra-op thread, every file of a table interleaved "
                  f"in {args.rounds} rounds of {args.repeats} runs, medians; speed = FP32 / method. Methods as in "
                  "benchmarks/transformer_encoders.py (netquant default = quantize_onnx, objective balanced, onnxruntime_int8; "
                  "ORT quantize_dynamic per-channel QInt8 weights; ORT quantize_static QDQ per-channel MinMax QUInt8 "
