@@ -53,6 +53,43 @@ def test_attention_weights_quantize_and_run_as_qattention(tmp_path: Path) -> Non
     assert cosine(ours["hidden"].numpy(), y) > 0.99999  # the executor runs the exported QAttention file alike
 
 
+def _qattention_weight(path: Path) -> torch.Tensor:
+    proto = onnx.load(str(path))
+    inits = {i.name: i for i in proto.graph.initializer}
+    node = next(n for n in proto.graph.node if n.op_type == "QAttention")
+    return torch.from_numpy(onnx.numpy_helper.to_array(inits[node.input[1]]).copy())
+
+
+def test_attention_weights_keep_pairs_within_the_int16_limit(tmp_path: Path) -> None:
+    """Target 'any' (the default): QAttention's packed QKV weights keep every same-sign pair of the kernel's K order
+    within |q0| + |q1| <= 128, as MatMul weights do, so onnxruntime's int16 pair sums on x86 without VNNI never
+    saturate; target 'x86-vnni' keeps full-range codes. The executor with the host's accumulation runs the graph
+    onnxruntime runs (QAttention, MatMulIntegerToFloat, ...) as onnxruntime does here, and its no-VNNI emulation moves
+    the full-range file's output, not the limited one's."""
+    from netquant.core.int_kernels import Accumulation, WeightLayout, overflow_pairs
+    from netquant.core.int_kernels import LayoutKind as Kind
+    from netquant.platforms.targets import host_accumulation
+
+    model = ort_fused_bert()
+    feeds = ort_fused_batches(1, seed=11)[0]
+    inputs = {k: torch.from_numpy(v) for k, v in feeds.items()}
+    moved = {}
+    for target in ("any", "x86-vnni"):
+        qm = netquant.quantize_onnx(model, ort_fused_batches(6), objective=None, quiet=True, target=target)
+        out = qm.export(tmp_path / f"{target}.onnx").path
+        over = overflow_pairs(WeightLayout(Kind.ROWS).to_nk(_qattention_weight(out)))
+        assert bool(over.any()) is (target == "x86-vnni"), target
+        saved = tmp_path / f"{target}_ort.onnx"  # the graph onnxruntime runs: its fused int8 kernels
+        engine = _run(out, feeds, saved)
+        graph = load_onnx(onnx.load(str(saved)))
+        here = Executor(graph, accumulation=host_accumulation()).run(inputs)["hidden"].numpy()
+        assert cosine(here, engine) > 0.99999, target
+        exact, pairwise = (Executor(graph, accumulation=a).run(inputs)["hidden"].numpy()
+                           for a in (Accumulation.EXACT, Accumulation.PAIRWISE_INT16))
+        moved[target] = 1 - cosine(exact, pairwise)
+    assert moved["any"] < 1e-9 < 1e-7 < moved["x86-vnni"], moved  # (measured: 0 and 7.4e-5)
+
+
 def test_qattention_node_matches_onnxruntime() -> None:
     from onnx import helper
 

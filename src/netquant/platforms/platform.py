@@ -415,7 +415,7 @@ def weight_layout(node: Node, weight: torch.Tensor | None) -> WeightLayout | Non
         if weight is None or (weight.shape[1] == 1 and weight.shape[0] == int(node.attrs.get("group", 1))):
             return None
         return WeightLayout(LayoutKind.CONV_NHWC)
-    if node.op_type == "MatMul":
+    if node.op_type in ("MatMul", "Attention"):  # com.microsoft Attention -> QAttention: input [B, S, K] @ W [K, 3H]
         return WeightLayout(LayoutKind.ROWS)
     if node.op_type == "Gemm":
         return WeightLayout(LayoutKind.COLS if int(node.attrs.get("transB", 0)) else LayoutKind.ROWS)

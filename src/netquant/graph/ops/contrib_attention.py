@@ -79,15 +79,20 @@ def ms_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCont
     """qkv = input @ weights + bias (split by qkv_hidden_sizes, default three equal parts), per head
     softmax(q k^T * scale + mask) v; inputs: input, weights, bias, mask_index, past, attention_bias."""
     x, w = inputs[0], inputs[1]
-    bias, mask, attn_bias = opt(inputs, 2), opt(inputs, 3), opt(inputs, 5)
     _no_past(inputs, (4, 6), ctx)
     if attrs.get("do_rotary", 0):
         raise UnsupportedOpError(ctx.unsupported("do_rotary"))
+    return _attend_projected(torch.matmul(x, w), opt(inputs, 2), opt(inputs, 3), opt(inputs, 5), attrs, ctx)
+
+
+def _attend_projected(qkv: Tensor, bias: Tensor | None, mask: Tensor | None, attn_bias: Tensor | None,
+                      attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
+    """Attention after its projection qkv = input @ weights: + bias, split into q, k, v (qkv_hidden_sizes,
+    default three equal parts), per head softmax(q k^T * scale + mask) v."""
     n = int(attrs["num_heads"])
-    qkv = torch.matmul(x, w)
     if bias is not None:
         qkv = qkv + bias
-    sizes = list(attrs.get("qkv_hidden_sizes") or [w.shape[1] // 3] * 3)
+    sizes = list(attrs.get("qkv_hidden_sizes") or [qkv.shape[-1] // 3] * 3)
     q, k, v = torch.split(qkv, [int(z) for z in sizes], dim=-1)
     y = _attend(_heads(q, n), _heads(k, n), _heads(v, n), attrs, mask, attn_bias, ctx)
     return [y][: max(ctx.num_outputs, 1)]
@@ -153,11 +158,21 @@ def _dequant(q: Tensor, scale: Tensor, zero: Tensor | None) -> Tensor:
 def q_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """Attention on a uint8 / int8 input and int8 weights: the dequantized input (x_q - z_x) * s_x and weights
     (w_q - z_w) * s_w (per tensor or per column) through Attention; inputs: input, weight, bias, input_scale,
-    weight_scale, mask_index, input_zero_point, weight_zero_point, past."""
+    weight_scale, mask_index, input_zero_point, weight_zero_point, past. An executor emulating x86 without VNNI
+    (Accumulation.PAIRWISE_INT16) adds the projection's int16 pair saturation as onnxruntime's u8 x s8 kernel has
+    it there: (saturated - exact sums of the raw codes) * s_x * s_w."""
+    from .quant import matmul_saturation, saturating_kernel
+
     x_q, w_q, bias, s_x, s_w = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]
     mask, z_x, z_w = opt(inputs, 5), opt(inputs, 6), opt(inputs, 7)
     _no_past(inputs, (8,), ctx)
+    if attrs.get("do_rotary", 0):
+        raise UnsupportedOpError(ctx.unsupported("do_rotary"))
+    w_scale = s_w.reshape(-1) if s_w.numel() > 1 else s_w.reshape(())
     x = _dequant(x_q, s_x.reshape(()), z_x.reshape(()) if z_x is not None else None)
-    w = _dequant(w_q, s_w.reshape(-1) if s_w.numel() > 1 else s_w.reshape(()),
-                 None if z_w is None else (z_w.reshape(-1) if z_w.numel() > 1 else z_w.reshape(())))
-    return ms_attention([x, w, bias, mask], attrs, ctx)
+    w = _dequant(w_q, w_scale, None if z_w is None else (z_w.reshape(-1) if z_w.numel() > 1 else z_w.reshape(())))
+    qkv = torch.matmul(x, w)
+    if saturating_kernel(ctx, x_q, w_q):
+        sat = matmul_saturation(x_q, w_q) * s_x.reshape(()).to(torch.float64) * w_scale.to(torch.float64)
+        qkv = qkv + sat.to(qkv.dtype)
+    return _attend_projected(qkv, bias, mask, None, attrs, ctx)

@@ -136,13 +136,13 @@ def _zp_sub(x: Tensor, zp: Tensor | None, axis_shape: list[int] | None = None) -
     return v
 
 
-def _saturating(ctx: OpContext, a: Tensor, b: Tensor) -> bool:
+def saturating_kernel(ctx: OpContext, a: Tensor, b: Tensor) -> bool:
     """True when this executor emulates a pairwise-int16 kernel and the op is u8 x s8 (see core.int_kernels)."""
     return (ctx.extras.get("accumulation", Accumulation.EXACT) is Accumulation.PAIRWISE_INT16
             and a.dtype == torch.uint8 and b.dtype == torch.int8)
 
 
-def _matmul_saturation(a: Tensor, b: Tensor, layout: LayoutKind = LayoutKind.ROWS) -> Tensor:
+def matmul_saturation(a: Tensor, b: Tensor, layout: LayoutKind = LayoutKind.ROWS) -> Tensor:
     """Saturation term of raw codes a [..., M, K] times b ([..., K, N], or [N, K] for COLS)."""
     if b.dim() <= 2:
         return pairwise_correction(a, WeightLayout(layout).to_nk(b))
@@ -160,8 +160,8 @@ def matmul_integer(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCo
     av = _zp_sub(a, az, [-1, 1])
     bv = _zp_sub(b, bz, [1, -1])
     acc = torch.matmul(av, bv)
-    if _saturating(ctx, a, b):
-        acc = acc + _matmul_saturation(a, b)
+    if saturating_kernel(ctx, a, b):
+        acc = acc + matmul_saturation(a, b)
     return [acc.round().to(torch.int32)]
 
 
@@ -179,8 +179,8 @@ def qlinear_matmul(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCo
     multiplier (as onnxruntime); scales per tensor, per row of a or per column of b."""
     a, a_s, a_z, b, b_s, b_z, y_s, y_z = inputs[:8]
     acc = torch.matmul(_zp_sub(a, a_z, [-1, 1]), _zp_sub(b, b_z, [1, -1]))
-    if _saturating(ctx, a, b):
-        acc = acc + _matmul_saturation(a, b)
+    if saturating_kernel(ctx, a, b):
+        acc = acc + matmul_saturation(a, b)
     sa = a_s.float().reshape(-1, 1) if a_s.numel() > 1 else a_s.float().reshape(())
     sb = b_s.float().reshape(1, -1) if b_s.numel() > 1 else b_s.float().reshape(())
     y_dtype = y_z.dtype if y_z is not None else torch.uint8
@@ -200,7 +200,7 @@ def qlinear_conv(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCont
     acc = conv_nd(xv, wv, None, attrs, ctx)
     group = int(attrs.get("group", 1))
     depthwise = w.shape[1] == 1 and w.shape[0] == group  # onnxruntime's depthwise kernel: exact products
-    if _saturating(ctx, x, w) and not depthwise:
+    if saturating_kernel(ctx, x, w) and not depthwise:
         nd = x.dim() - 2
         kernel = [int(k) for k in attrs.get("kernel_shape", w.shape[2:])]
         strides = [int(v) for v in attrs.get("strides", [1] * nd)]
@@ -302,9 +302,9 @@ def qgemm(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpContext) ->
     if attrs.get("transA", 0):
         av = av.t()
     acc = torch.matmul(av, bv)
-    if _saturating(ctx, a, b):
+    if saturating_kernel(ctx, a, b):
         a_raw = a.t() if attrs.get("transA", 0) else a
-        acc = acc + _matmul_saturation(a_raw, b, LayoutKind.COLS if attrs.get("transB", 0) else LayoutKind.ROWS)
+        acc = acc + matmul_saturation(a_raw, b, LayoutKind.COLS if attrs.get("transB", 0) else LayoutKind.ROWS)
     acc = acc * attrs.get("alpha", 1.0)
     if c is not None:
         acc = acc + c.to(torch.float64)
@@ -322,8 +322,8 @@ def matmul_integer_to_float(inputs: list[Tensor | None], attrs: dict[str, Any], 
     a_z, b_z, bias = opt(inputs, 4), opt(inputs, 5), opt(inputs, 6)
     acc = torch.matmul(_zp_sub(a, a_z), b.to(torch.float64) - (_per_column(b_z.double()) if b_z is not None
                                                                 else 0))
-    if _saturating(ctx, a, b):
-        acc = acc + _matmul_saturation(a, b)
+    if saturating_kernel(ctx, a, b):
+        acc = acc + matmul_saturation(a, b)
     y = (acc * (a_s.double().reshape(()) * _per_column(b_s.double()))).to(a_s.dtype)
     return [y + bias if bias is not None else y]
 
