@@ -51,3 +51,16 @@ def test_floors_follow_affine_ops_with_constants() -> None:
     assert floors["d"] == float(f32(floors["z"]) / f32(0.7))
     assert "neg" not in floors  # b - t decreases with t: no floor
     assert "ka" not in value_floors(_affine_graph(-0.7, 0.1), lambda n: -math.inf)  # a negative factor flips it
+
+
+def test_probe_model_loads_in_every_supported_onnxruntime() -> None:
+    """The probe's model has an IR version onnxruntime 1.20 (the project's floor) loads: onnx 1.23's default (14)
+    is refused by onnxruntime before 1.31 ("Unsupported model IR version"), which lost the floor there."""
+    import onnx
+
+    from netquant.passes.value_floors import _hard_swish_model
+
+    for alpha in (None, 0.2):
+        model = onnx.load_from_string(_hard_swish_model(alpha, 0.5))
+        assert model.ir_version == 8
+        onnx.checker.check_model(model)

@@ -45,7 +45,9 @@ def _hard_swish_model(alpha: float | None, beta: float) -> bytes:
                  helper.make_node("Mul", ["x", "g"], ["y"])]
     graph = helper.make_graph(nodes, "hard_swish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]).SerializeToString()
+    # IR 8, as the other probes: onnx 1.23's make_model writes IR 14, which onnxruntime before 1.31 cannot load
+    # (the probe would fail and the floor be lost)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)], ir_version=8).SerializeToString()
 
 
 @functools.lru_cache(maxsize=32)
