@@ -80,8 +80,6 @@ def ms_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpCont
     softmax(q k^T * scale + mask) v; inputs: input, weights, bias, mask_index, past, attention_bias."""
     x, w = inputs[0], inputs[1]
     _no_past(inputs, (4, 6), ctx)
-    if attrs.get("do_rotary", 0):
-        raise UnsupportedOpError(ctx.unsupported("do_rotary"))
     return _attend_projected(torch.matmul(x, w), opt(inputs, 2), opt(inputs, 3), opt(inputs, 5), attrs, ctx)
 
 
@@ -89,6 +87,8 @@ def _attend_projected(qkv: Tensor, bias: Tensor | None, mask: Tensor | None, att
                       attrs: dict[str, Any], ctx: OpContext) -> list[Tensor]:
     """Attention after its projection qkv = input @ weights: + bias, split into q, k, v (qkv_hidden_sizes,
     default three equal parts), per head softmax(q k^T * scale + mask) v."""
+    if attrs.get("do_rotary", 0):
+        raise UnsupportedOpError(ctx.unsupported("do_rotary"))
     n = int(attrs["num_heads"])
     if bias is not None:
         qkv = qkv + bias
@@ -166,8 +166,6 @@ def q_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpConte
     x_q, w_q, bias, s_x, s_w = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]
     mask, z_x, z_w = opt(inputs, 5), opt(inputs, 6), opt(inputs, 7)
     _no_past(inputs, (8,), ctx)
-    if attrs.get("do_rotary", 0):
-        raise UnsupportedOpError(ctx.unsupported("do_rotary"))
     w_scale = s_w.reshape(-1) if s_w.numel() > 1 else s_w.reshape(())
     x = _dequant(x_q, s_x.reshape(()), z_x.reshape(()) if z_x is not None else None)
     w = _dequant(w_q, w_scale, None if z_w is None else (z_w.reshape(-1) if z_w.numel() > 1 else z_w.reshape(())))
