@@ -17,6 +17,7 @@ import torch
 from netquant.errors import UnsupportedOpError
 
 from ._util import opt
+from .quant import matmul_saturation, saturating_kernel
 from .registry import OpContext, register_op
 
 Tensor = torch.Tensor
@@ -161,8 +162,6 @@ def q_attention(inputs: list[Tensor | None], attrs: dict[str, Any], ctx: OpConte
     weight_scale, mask_index, input_zero_point, weight_zero_point, past. An executor emulating x86 without VNNI
     (Accumulation.PAIRWISE_INT16) adds the projection's int16 pair saturation as onnxruntime's u8 x s8 kernel has
     it there: (saturated - exact sums of the raw codes) * s_x * s_w."""
-    from .quant import matmul_saturation, saturating_kernel
-
     x_q, w_q, bias, s_x, s_w = inputs[0], inputs[1], inputs[2], inputs[3], inputs[4]
     mask, z_x, z_w = opt(inputs, 5), opt(inputs, 6), opt(inputs, 7)
     _no_past(inputs, (8,), ctx)
