@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -167,9 +168,11 @@ def one(tool: str, name: str, condition: str = "quiet") -> None:
 
 @contextlib.contextmanager
 def busy_cores(active: bool) -> Iterator[None]:
-    """One spinning process per core for the block (started and stopped here, by their own pids)."""
+    """One spinning process per core for the block (started and stopped here, by their own pids; a SIGTERM to the
+    benchmark stops them too: it exits through the block's end instead of leaving them spinning)."""
     procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)] \
         if active else []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum)) if procs else None
     try:
         if procs:
             time.sleep(1.0)  # let them start spinning
@@ -179,6 +182,8 @@ def busy_cores(active: bool) -> Iterator[None]:
             p.terminate()
         for p in procs:
             p.wait()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 def measure(tool: str, name: str, condition: str = "quiet") -> dict[str, float] | str:
