@@ -247,33 +247,35 @@ def _row_params(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, 
     return per_row(scale), per_row(zero_point)
 
 
-def _limit_nk_(q: torch.Tensor, codes: torch.Tensor, x_nk: torch.Tensor, s_row: torch.Tensor, z_row: torch.Tensor,
-               limit: int, max_code: int = 127) -> bool:
-    """limit_pair_sums on an [N, K'] float64 code matrix `q` (K' even, edited in place; `codes`: the same codes in
-    their storage dtype, tested for pairs over the limit), the real codes of the
-    pairs over the limit computed only there from x_nk [N, K'] (float) and the per-row (or scalar) scale and
-    zero point: real = x / s - z in float64, as limit_pair_sums' callers compute it. False when no pair is over."""
-    idx = _over_pair_index(codes, limit)
+def _limit_nk_(codes_nk: torch.Tensor, x_nk: torch.Tensor, s_row: torch.Tensor, z_row: torch.Tensor, limit: int,
+               max_code: int = 127) -> bool:
+    """limit_pair_sums on `codes_nk` [N, K'] (integer codes, K' even, edited in place) whose unpadded columns are
+    x_nk [N, K] (float, any strides: only the pairs over the limit are read) under the per-row (or scalar) scale and
+    zero point: real = x / s - z in float64, as limit_pair_sums' callers compute it. False when no pair is over.
+    A padded column's code is 0, so its pair is never over the limit."""
+    idx = _over_pair_index(codes_nk, limit)
     if idx.numel() == 0:
         return False
-    pairs = q.view(-1, 2)
-    xv = x_nk.reshape(-1, 2).index_select(0, idx).to(torch.float64)
+    half = codes_nk.shape[1] // 2
+    rows = torch.div(idx, half, rounding_mode="floor")
+    col = (idx - rows * half) * 2
+    xv = torch.stack([x_nk[rows, col], x_nk[rows, col + 1]], -1).to(torch.float64)
     if s_row.dim():
-        rows = torch.div(idx, q.shape[1] // 2, rounding_mode="floor")
         v = (xv / s_row.index_select(0, rows)[:, None] - z_row.index_select(0, rows)[:, None]).abs()
     else:
         v = (xv / s_row - z_row).abs()
-    sign = torch.sign(pairs[:, 0].index_select(0, idx))
+    pairs = codes_nk.view(-1, 2)
+    sign = torch.sign(pairs[:, 0].index_select(0, idx).to(torch.float64))
     m0 = v[:, 0] - (v.sum(-1) - limit) / 2
     r0 = torch.round(m0.clamp(limit - max_code, max_code))
-    pairs.index_copy_(0, idx, torch.stack([r0, limit - r0], -1) * sign[:, None])
+    pairs.index_copy_(0, idx, (torch.stack([r0, limit - r0], -1) * sign[:, None]).to(codes_nk.dtype))
     return True
 
 
 def _even_nk(t: torch.Tensor, layout: WeightLayout) -> torch.Tensor:
-    """layout.to_nk(t), contiguous, with a zero column appended when K is odd (the pairs' padding)."""
+    """layout.to_nk(t) as a new contiguous tensor, with a zero column appended when K is odd (the pairs' padding)."""
     nk = layout.to_nk(t)
-    return F.pad(nk, (0, 1)) if nk.shape[-1] % 2 else nk.contiguous()
+    return F.pad(nk, (0, 1)) if nk.shape[-1] % 2 else nk.clone(memory_format=torch.contiguous_format)
 
 
 def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
@@ -285,13 +287,12 @@ def quantize_limited(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Ten
     if limit is None:
         return codes
     rows = _row_params(x, scale, zero_point, spec, limit.layout)
-    if rows is not None:  # only the pairs over the limit are computed, in the kernel's [N, K] order
+    if rows is not None:  # only the pairs over the limit are read and written, in the kernel's [N, K] order
         codes_nk = _even_nk(codes, limit.layout)
-        q = codes_nk.to(torch.float64)
-        if not _limit_nk_(q, codes_nk, _even_nk(x, limit.layout), *rows, limit.limit):
+        if not _limit_nk_(codes_nk, limit.layout.to_nk(x), *rows, limit.limit):
             return codes
-        k = codes.numel() // q.shape[0]
-        return limit.layout.from_nk(q[:, :k], codes.shape).to(codes.dtype)
+        k = codes.numel() // codes_nk.shape[0]
+        return limit.layout.from_nk(codes_nk[:, :k], codes.shape)
     s = scale.to(torch.float64)
     if s.numel() > 1 and spec.axis is not None:
         shape = [1] * x.dim()
