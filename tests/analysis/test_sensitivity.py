@@ -8,6 +8,7 @@ import torch
 from netquant.analysis.regions import find_regions
 from netquant.analysis.sensitivity import LossMeter, region_output_nsr, region_sensitivity
 from netquant.api import quantize_onnx
+from tests.helpers.ir import make_model
 from tests.helpers.placement_models import conv_stack, stack_batches
 
 X = {"x": torch.from_numpy(stack_batches(1, seed=7)[0])}
@@ -70,7 +71,7 @@ def test_default_loss_compares_the_logits_of_a_softmax_output():
         "clf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16])],
         [helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 4])],
         [onnx.numpy_helper.from_array(w, "w")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     x = (rng.standard_normal((32, 16)) * 4).astype(np.float32)
     qm = quantize_onnx(model, [{"x": x}], quiet=True, objective=None)
     assert compared_tensors(qm.qgraph) == ["logits"]

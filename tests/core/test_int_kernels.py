@@ -23,6 +23,7 @@ from netquant.core.int_kernels import (
 )
 from netquant.core.spec import QuantSpec
 from netquant.platforms.targets import host_accumulation
+from tests.helpers.ir import make_model
 
 RNG = np.random.default_rng(0)
 
@@ -92,7 +93,7 @@ def _ort_matmul_integer(a: np.ndarray, b_kn: np.ndarray) -> np.ndarray:
                               [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.INT32, None)],
                               [numpy_helper.from_array(b_kn, "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"a": a})[0]
 

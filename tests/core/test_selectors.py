@@ -11,6 +11,7 @@ from netquant.errors import ConfigError
 from netquant.graph import load_onnx
 from netquant.nn import QuantRule
 from netquant.passes import OpSelector
+from tests.helpers.ir import make_model
 
 NAMES = ["head", "head.fc", "body.0", "body.1", "body.10", "neck", "neckline"]
 
@@ -23,7 +24,7 @@ def _graph():
         prev = f"t{i}"
     g = helper.make_graph(nodes, "names", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
                           [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, 4])])
-    return load_onnx(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
+    return load_onnx(make_model(g, opset_imports=[helper.make_opsetid("", 13)]))
 
 
 def _modules() -> dict[str, nn.Module]:

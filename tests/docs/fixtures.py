@@ -25,6 +25,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import netquant
+from tests.helpers.ir import make_model
 
 
 def tiny_cnn_model(seed: int = 0) -> onnx.ModelProto:
@@ -44,7 +45,7 @@ def tiny_cnn_model(seed: int = 0) -> onnx.ModelProto:
         nodes, "tiny_cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, "H", "W"])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
         [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def samples(n: int = 16, seed: int = 1) -> np.ndarray:

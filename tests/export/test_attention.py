@@ -25,6 +25,7 @@ from netquant.export.attention import (
 )
 from netquant.export.dynamic import make_dynamic
 from netquant.export.onnx_qdq import build_qdq_model, fp32_onnx
+from tests.helpers.ir import make_model
 from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
 
 
@@ -97,7 +98,7 @@ def _dynamic_linear(w_q: np.ndarray, w_s: np.ndarray) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None, 8])],
                               [numpy_helper.from_array(w_q, "wq"), numpy_helper.from_array(w_s, "ws")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_per_token_scales_match_a_numpy_reference() -> None:

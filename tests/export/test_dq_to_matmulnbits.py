@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.export.weight_only import dq_weights_to_matmulnbits
 from netquant.nn.integer_weights import integer_tensor
+from tests.helpers.ir import make_model
 
 K, N = 80, 24
 
@@ -57,7 +58,7 @@ def _dq_model(elem: int, block: int, with_zero: bool, layout: str, bias: bool = 
     y_shape = x_shape[:-1] + [N]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
 @pytest.mark.parametrize(("elem", "block", "with_zero", "layout"), [

@@ -13,6 +13,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 import netquant
+from tests.helpers.ir import make_model
 
 VOCAB, DIM, MAXPOS = 600, 64, 128
 
@@ -41,7 +42,7 @@ def _model(segment: bool) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", "s", DIM]),
                                helper.make_tensor_value_info("mask_index", TensorProto.INT32, ["b"])],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
 
 
 def _feeds(batch: int, seq: int, seed: int, segment: bool) -> dict[str, np.ndarray]:

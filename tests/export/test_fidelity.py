@@ -17,6 +17,7 @@ import netquant
 from netquant.errors import ConfigError, ExportError
 from netquant.export.fidelity import DEFAULT_MIN_COSINE, compare_output, is_class_scores
 from tests.conftest import CliInvoke
+from tests.helpers.ir import make_model
 from tests.helpers.onnx_models import calib_batches, conv_relu_gemm
 
 
@@ -354,7 +355,7 @@ def _two_matmuls(dim0: str) -> onnx.ModelProto:
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim0, 256])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim0, 64])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize(("dim0", "timed"), [("batch", 1), ("frames", 40)])
@@ -382,7 +383,7 @@ def test_a_model_that_fails_on_the_timing_cut_is_refused_with_the_fix_named():
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"])], "needs_two_rows",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [shape])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     assert sess.run(None, {"x": np.ones((2, 3), np.float32)})[0].shape == (2, 3)  # the whole batch runs
     with pytest.raises(ExportError, match=r"(?s)model\.onnx.*timing batch.*dim 0 other than a batch axis"):

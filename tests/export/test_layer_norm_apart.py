@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import netquant
 from netquant.export.layer_norm_apart import keep_layer_norms_apart
+from tests.helpers.ir import make_model
 from tests.helpers.ort_sessions import one_thread_session as _session
 
 SHAPE = [1, 8, 16]
@@ -31,7 +32,7 @@ def _add_layer_norm(readers: int = 1, output: bool = False) -> onnx.ModelProto:
         outs.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, SHAPE))
     graph = helper.make_graph(nodes, "add_ln", [helper.make_tensor_value_info(n, TensorProto.FLOAT, SHAPE)
                                                 for n in ("x", "y")], outs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -49,7 +50,7 @@ def _skip_layer_norm(extra_output: bool = False) -> onnx.ModelProto:
         outs.append(helper.make_tensor_value_info("sum", TensorProto.FLOAT, SHAPE))
     graph = helper.make_graph(nodes, "sln", [helper.make_tensor_value_info(n, TensorProto.FLOAT, SHAPE)
                                              for n in ("x", "y")], outs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
     model.ir_version = 8
     return model
 

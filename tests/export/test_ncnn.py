@@ -20,6 +20,7 @@ from netquant.export.ncnn.modelbin import TAG_INT8
 from netquant.export.ncnn.param import parse_param
 from netquant.export.slots import params_of
 from netquant.export.validate import cosine
+from tests.helpers.ir import make_model
 
 ncnn = pytest.importorskip("ncnn")
 pytest.importorskip("pnnx")
@@ -43,7 +44,7 @@ def small_net(seed: int = 0, pool_output: bool = False) -> onnx.ModelProto:
                               ([helper.make_tensor_value_info("p", TensorProto.FLOAT, ["N", 8, 8, 8])] if pool_output
                                else []) + [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
                               [numpy_helper.from_array(v.astype(np.float32), k) for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
 

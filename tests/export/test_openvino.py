@@ -24,6 +24,7 @@ from netquant.export.openvino import (
 )
 from netquant.export.validate import DEFAULT_MAX_ERROR_RATIO, QUALITY_MARGIN, cosine
 from tests.helpers.export_models import conv_net, images
+from tests.helpers.ir import make_model
 
 ov = pytest.importorskip("openvino")
 
@@ -96,7 +97,7 @@ def _matmul_bias_model() -> onnx.ModelProto:
              helper.make_node("Add", ["m2", "b2"], ["y"], name="bias2")]
     graph = helper.make_graph(nodes, "matmul_bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 def test_add_with_constant_input_compiles_and_runs_int8(tmp_path: Path) -> None:
@@ -149,7 +150,7 @@ def test_hard_sigmoid_rewrite_is_the_same_function() -> None:
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 50])
     nodes = [helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
              helper.make_node("Mul", ["x", "h"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "hs", [x], [y]), opset_imports=[helper.make_opsetid("", 13)],
+    model = make_model(helper.make_graph(nodes, "hs", [x], [y]), opset_imports=[helper.make_opsetid("", 13)],
                               ir_version=8)
     data = np.linspace(-5, 5, 100, dtype=np.float32).reshape(2, 50)
     before = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": data})

@@ -22,6 +22,7 @@ from netquant.errors import ExportError
 from netquant.graph.op_config import TensorRole
 from netquant.passes.quant_graph import constant_codes
 from netquant.platforms.targets import WeightScheme, cpu_info
+from tests.helpers.ir import make_model
 
 ov = pytest.importorskip("openvino")
 
@@ -51,7 +52,7 @@ def _one_layer(op: str, codes: np.ndarray, x_shape: tuple[int, ...]) -> onnx.Mod
              helper.make_node(op, ["xd", "w"], ["y"])]
     graph = helper.make_graph(nodes, "probe", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 def _expected(exact: int, codes: tuple[int, int] | None) -> int:
@@ -114,7 +115,7 @@ def _positive_net(seed: int = 0) -> onnx.ModelProto:
              helper.make_node("Conv", ["r1", "w2"], ["y"], name="conv2")]
     graph = helper.make_graph(nodes, "positive", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 16])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32, 8, 16])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 def _quantize(model: onnx.ModelProto, x: np.ndarray, **settings):

@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import netquant
 from netquant.export.ort_patterns import keep_qdq_matmul_bias_apart
+from tests.helpers.ir import make_model
 from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
 
 
@@ -64,7 +65,7 @@ def _qdq_matmul_add(bias_shared: bool = False, rank: int = 3) -> onnx.ModelProto
     if bias_shared:
         inputs.append(helper.make_tensor_value_info("z", TensorProto.FLOAT, [6]))
     graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize("shared", [False, True])
@@ -169,7 +170,7 @@ def test_gathers_of_one_int8_table_share_one_row_scale_column(tmp_path: Path) ->
          helper.make_tensor_value_info("b", TensorProto.FLOAT, [3, 8])],
         [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "scale"),
          numpy_helper.from_array(np.zeros(50, np.int8), "zero")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"ids": np.array([0, 7, 49, 7]), "ids2": np.array([3, 3, 12])}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     assert gather_int8_rows(model) == 2
@@ -204,7 +205,7 @@ def test_row_scales_stored_compactly_give_the_dequantize_gather_values(kind: str
         [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 5, 16])],
         [numpy_helper.from_array(codes, "codes"), numpy_helper.from_array(scales, "scale"),
          numpy_helper.from_array(np.zeros(v, np.int8), "zero")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"ids": rng.integers(0, v, (2, 5))}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)[0]
     before = model.ByteSize()

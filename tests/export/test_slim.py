@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 import netquant
 from netquant.export.slim import strip_node_metadata
 from netquant.nn.export import torch_to_onnx
+from tests.helpers.ir import make_model
 
 
 class _Tiny(torch.nn.Module):
@@ -72,7 +73,7 @@ def test_strip_node_metadata_reaches_subgraphs_and_keeps_model_metadata() -> Non
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     helper.set_model_props(model, {"netquant.platform": "onnxruntime_int8"})
     before = model.ByteSize()
     freed = strip_node_metadata(model)
@@ -111,7 +112,7 @@ def test_equal_initializers_are_stored_once_with_the_same_outputs() -> None:
                                            helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]),
                                helper.make_tensor_value_info("z", TensorProto.FLOAT, [1, 64])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     feeds = {"x": rng.standard_normal((1, 64)).astype(np.float32), "c": np.array(True)}
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
     freed = share_equal_initializers(model)

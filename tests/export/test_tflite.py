@@ -19,6 +19,7 @@ from netquant.platforms.platform import OpRole, OpRule
 from tests.conftest import CliInvoke
 from tests.helpers.export_models import conv_net, images
 from tests.helpers.graph_helpers import ort_run
+from tests.helpers.ir import make_model
 
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
@@ -30,7 +31,7 @@ def _model(nodes: list[onnx.NodeProto], inits: dict[str, np.ndarray], in_shape: 
                               [helper.make_tensor_value_info(out, TensorProto.FLOAT, out_shape)],
                               [numpy_helper.from_array(v.astype(np.float32) if v.dtype.kind == "f" else v, k)
                                for k, v in inits.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model

@@ -29,6 +29,7 @@ from netquant.export.validate import (
 )
 from netquant.passes.calibration import VALIDATION_BATCHES, VALIDATION_SAMPLES
 from netquant.platforms.targets import host_accumulation
+from tests.helpers.ir import make_model
 
 CALIB = 32
 
@@ -193,7 +194,7 @@ def test_the_later_batches_kept_hold_at_most_the_byte_cap(monkeypatch) -> None:
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     calib = [{"x": np.random.default_rng(s).normal(0, 1, (1, 64)).astype(np.float32)} for s in range(12)]
     kept = {}
     for cap in (2 * 64 * 4, calibration.CONFIRM_KEEP_BYTES):

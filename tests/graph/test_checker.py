@@ -8,6 +8,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from netquant.graph.checker import STRUCTURE_BYTES, check_structure, structural_copy
+from tests.helpers.ir import make_model
 
 
 def _model(output_shape: bool = True, op: str = "MatMul") -> onnx.ModelProto:
@@ -26,7 +27,7 @@ def _model(output_shape: bool = True, op: str = "MatMul") -> onnx.ModelProto:
         out.type.tensor_type.ClearField("elem_type")
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 512])], [out],
                               inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_large_initializers_become_one_element_of_their_type_and_the_rest_is_kept() -> None:
@@ -59,7 +60,7 @@ def test_the_checker_verdict_is_the_full_models() -> None:
 
 
 def test_a_model_without_large_initializers_is_checked_as_it_is() -> None:
-    small = helper.make_model(helper.make_graph(
+    small = make_model(helper.make_graph(
         [helper.make_node("Relu", ["x"], ["y"])], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])]), opset_imports=[helper.make_opsetid("", 17)])
     assert structural_copy(small) is small

@@ -25,6 +25,7 @@ from netquant.graph.dtypes import (
     tensor_to_proto,
     torch_to_numpy,
 )
+from tests.helpers.ir import make_model
 
 
 def _same_attr(a: onnx.AttributeProto, b: onnx.AttributeProto) -> bool:
@@ -74,7 +75,7 @@ def test_non_utf8_string_stays_bytes() -> None:
 def test_graph_attribute_decodes_to_graph_and_back() -> None:
     attr = oh.make_attribute("body", SUB)
     g = decode_attribute(attr, decode_graph=lambda gp: load_onnx(
-        oh.make_model(gp, opset_imports=[oh.make_opsetid("", 17)]), infer_shapes=False))
+        make_model(gp, opset_imports=[oh.make_opsetid("", 17)]), infer_shapes=False))
     assert isinstance(g, Graph) and [n.op_type for n in g.nodes] == ["Relu"]
 
 
@@ -91,7 +92,7 @@ def test_node_attributes_survive_model_round_trip() -> None:
     node.attribute.extend(a for a in ATTRS if a.name != "tp")
     graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", TP.FLOAT, [2])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [2])])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("my.domain", 1)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("my.domain", 1)])
     back = to_onnx(load_onnx(model, infer_shapes=False), check=False)
     for a, b in zip(model.graph.node[0].attribute, back.graph.node[0].attribute):
         assert _same_attr(a, b), a.name

@@ -16,6 +16,7 @@ from onnx import helper as oh
 from netquant.graph import supported_ops
 from netquant.graph.backend import NetquantBackend, run_node_testcase
 from netquant.graph.backend_cases import SKIP_REASONS, STRING_REASON, Status, run_all_cases
+from tests.helpers.ir import make_model
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +64,7 @@ def test_backend_api_run_node_and_run_model() -> None:
     graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("a", TP.FLOAT, [2, 3]),
                                         oh.make_tensor_value_info("b", TP.FLOAT, [3])],
                           [oh.make_tensor_value_info("c", TP.FLOAT, [2, 3])])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     rep = NetquantBackend.prepare(model, "CPU")
     np.testing.assert_array_equal(rep.run([a, b])[0], a + b)
     np.testing.assert_array_equal(NetquantBackend.run_model(model, {"a": a, "b": b})[0], a + b)

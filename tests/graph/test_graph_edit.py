@@ -22,6 +22,7 @@ from netquant.graph.edit import (
 )
 from netquant.graph.pattern import match_chains
 from tests.helpers.graph_helpers import ort_run, ppocr_input, rel_err
+from tests.helpers.ir import make_model
 
 RNG = np.random.default_rng(3)
 
@@ -39,7 +40,7 @@ def _bn(inp: str, out: str, prefix: str = "bn") -> onnx.NodeProto:
 
 
 def _model(nodes, inputs, outputs, inits, opset: int = 17) -> onnx.ModelProto:
-    model = oh.make_model(oh.make_graph(nodes, "m", inputs, outputs, inits),
+    model = make_model(oh.make_graph(nodes, "m", inputs, outputs, inits),
                           opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.checker.check_model(model)

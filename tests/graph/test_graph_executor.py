@@ -18,6 +18,7 @@ from netquant.api.zoo import ppocr_model_path
 from netquant.errors import DataError, ModelError, UnsupportedOpError
 from netquant.graph import Executor, load_onnx
 from tests.helpers.graph_helpers import ort_run, ppocr_input
+from tests.helpers.ir import make_model
 
 RNG = np.random.default_rng(0)
 W = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
@@ -34,7 +35,7 @@ def conv_model(opset: int = 17) -> onnx.ModelProto:
     graph = oh.make_graph(nodes, "convnet", [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 8, 8])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, ["N", 5])],
                           [nh.from_array(W, "W"), nh.from_array(B, "B"), nh.from_array(FC, "FC")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", opset)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
@@ -171,7 +172,7 @@ def test_unsupported_op_names_type_node_and_opset() -> None:
     node = oh.make_node("FancyOp", ["x"], ["y"], name="my_fancy_node", domain="")
     graph = oh.make_graph([node], "g", [oh.make_tensor_value_info("x", TP.FLOAT, [2])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [2])])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 15)])
     with pytest.raises(UnsupportedOpError, match=r"FancyOp.*my_fancy_node.*opset 15"):
         Executor(load_onnx(model, infer_shapes=False))
 
@@ -181,7 +182,7 @@ def test_op_failure_names_node() -> None:
     graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("a", TP.FLOAT, ["n", "k"]),
                                        oh.make_tensor_value_info("b", TP.FLOAT, ["k2", "m"])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, None)])
-    ex = Executor(load_onnx(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])))
+    ex = Executor(load_onnx(make_model(graph, opset_imports=[oh.make_opsetid("", 17)])))
     with pytest.raises(DataError, match="MatMul node 'mm'"):
         ex.run([np.ones((2, 3), np.float32), np.ones((4, 5), np.float32)])
 
@@ -198,7 +199,7 @@ def _if_model() -> onnx.ModelProto:
                                          oh.make_tensor_value_info("cond", TP.BOOL, [])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [3])],
                           [nh.from_array(np.array([2.0, 3.0, 4.0], np.float32), "w")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -232,7 +233,7 @@ def test_loop_accumulates_like_onnxruntime() -> None:
                            oh.make_tensor_value_info("x", TP.FLOAT, [2])],
                           [oh.make_tensor_value_info("acc", TP.FLOAT, [2]),
                            oh.make_tensor_value_info("hist", TP.FLOAT, [None, 2])])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     feeds = {"M": np.array(4, np.int64), "acc0": np.array([1.0, 0.5], np.float32),
              "x": np.array([1.0, -1.0], np.float32)}
@@ -249,7 +250,7 @@ def test_constant_subexpressions_folded_at_construction() -> None:
     graph = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 3])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])],
                           [nh.from_array(np.array([2, 3], np.int64), "shape")])
-    ex = Executor(load_onnx(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])))
+    ex = Executor(load_onnx(make_model(graph, opset_imports=[oh.make_opsetid("", 17)])))
     assert set(ex.folded) == {"w"}
     ran: list[str] = []
     ex.add_pre_hook(lambda node, ins: ran.append(node.op_type))
@@ -284,7 +285,7 @@ def _alias_model() -> onnx.ModelProto:
                           [oh.make_tensor_value_info(n, TP.FLOAT, None) for n in ("b", "r", "c", "x2")],
                           [nh.from_array(np.array(1.0, np.float32), "one"),
                            nh.from_array(np.array([3, 2], np.int64), "shape")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -364,7 +365,7 @@ def test_model_local_functions_are_inlined() -> None:
                           [oh.make_opsetid("", 17)])
     graph = oh.make_graph([oh.make_node("MyScale", ["x"], ["y"], domain="local")], "g",
                           [oh.make_tensor_value_info("x", TP.FLOAT, [3])], [oh.make_tensor_value_info("y", TP.FLOAT, [3])])
-    model = oh.make_model(graph, functions=[fn], opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)])
+    model = make_model(graph, functions=[fn], opset_imports=[oh.make_opsetid("", 17), oh.make_opsetid("local", 1)])
     model.ir_version = 8
     x = np.array([1.0, -2.0, 0.5], np.float32)
     g = load_onnx(model)

@@ -13,6 +13,7 @@ from onnx import numpy_helper as nh
 from netquant.errors import ModelError
 from netquant.graph import Executor, Graph, Node, load_onnx, save_onnx, to_onnx
 from tests.helpers.graph_helpers import ort_run
+from tests.helpers.ir import make_model
 
 X = np.random.default_rng(2).standard_normal((2, 3)).astype(np.float32)
 
@@ -25,7 +26,7 @@ def chain_model() -> onnx.ModelProto:
                           [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3]),
                            oh.make_tensor_value_info("z", TP.FLOAT, [2, 3])],
                           [nh.from_array(np.array(2.0, np.float32), "two")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -152,7 +153,7 @@ def test_subgraph_references_are_tracked() -> None:
                                        oh.make_tensor_value_info("c", TP.BOOL, [])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [2, 3])],
                           [nh.from_array(np.array(2.0, np.float32), "two")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     g = load_onnx(model)
     assert [n.name for n in g.consumers("a")] == ["if"]
     g.insert_node_on_edge(Node("scale", "Mul", inputs=["a", "two"], outputs=["a2"]), "a")

@@ -15,6 +15,7 @@ from onnx import numpy_helper as nh
 from netquant.errors import ModelError
 from netquant.graph import Executor, Node, load_onnx, save_onnx, to_onnx
 from tests.helpers.graph_helpers import ort_run
+from tests.helpers.ir import make_model
 
 RNG = np.random.default_rng(1)
 
@@ -24,7 +25,7 @@ def small_model() -> onnx.ModelProto:
     nodes = [oh.make_node("MatMul", ["x", "w"], ["m"], name="mm"), oh.make_node("Relu", ["m"], ["y"], name="relu")]
     graph = oh.make_graph(nodes, "small", [oh.make_tensor_value_info("x", TP.FLOAT, ["N", 4])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, ["N", 6])], [nh.from_array(w, "w")])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 17)])
     model.ir_version = 8
     return model
 
@@ -58,7 +59,7 @@ def test_cycle_is_reported() -> None:
     graph = oh.make_graph(nodes, "cyc", [oh.make_tensor_value_info("x", TP.FLOAT, [1])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [1])])
     with pytest.raises(ModelError, match=r"cycle.*first.*second"):
-        load_onnx(oh.make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
+        load_onnx(make_model(graph, opset_imports=[oh.make_opsetid("", 17)]))
 
 
 def test_no_graph() -> None:
@@ -143,7 +144,7 @@ def _opset_model(opset: int) -> onnx.ModelProto:
     graph = oh.make_graph(nodes, f"opset{opset}", [oh.make_tensor_value_info("x", TP.FLOAT, [2, 2, 6, 6])],
                           [oh.make_tensor_value_info("y", TP.FLOAT, [2, 5])], inits)
     opsets = [oh.make_opsetid("", opset)]
-    model = oh.make_model(graph, opset_imports=opsets)
+    model = make_model(graph, opset_imports=opsets)
     model.ir_version = oh.find_min_ir_version_for(opsets)
     if model.ir_version < 4:  # initializers must be listed among the inputs too
         for init in inits:
@@ -215,7 +216,7 @@ def test_float16_bfloat16_and_int4_initializers_round_trip() -> None:
                                                oh.make_tensor_value_info("bf32", TP.FLOAT, [4]),
                                                oh.make_tensor_value_info("i4_out", TP.INT4, [5])],
                           [nh.from_array(f16, "h"), bf16, i4])
-    model = oh.make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
+    model = make_model(graph, opset_imports=[oh.make_opsetid("", 21)])
     model.ir_version = 10
     g = load_onnx(model)
     assert g.initializers["h"].dtype == torch.float16 and g.initializers["bf"].dtype == torch.bfloat16

@@ -7,6 +7,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from netquant.graph.shape_inference import infer_model_shapes
+from tests.helpers.ir import make_model
 
 
 def _model() -> onnx.ModelProto:
@@ -25,7 +26,7 @@ def _model() -> onnx.ModelProto:
              helper.make_node("Add", ["r", "b"], ["z"], name="add")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 16])],
                               [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_shapes_without_weight_payloads_equal_onnx_inference_on_the_whole_model() -> None:

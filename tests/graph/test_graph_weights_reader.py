@@ -11,6 +11,7 @@ from onnx import TensorProto, helper, numpy_helper
 from netquant.errors import ModelError
 from netquant.graph import weights
 from netquant.graph.weights import ExternalDataReader
+from tests.helpers.ir import make_model
 
 
 def _model(tmp_path):
@@ -22,7 +23,7 @@ def _model(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])],
                               [numpy_helper.from_array(v, k) for k, v in arrays.items()])
     path = tmp_path / "m.onnx"
-    onnx.save_model(helper.make_model(graph), str(path), save_as_external_data=True, location="m.onnx.data",
+    onnx.save_model(make_model(graph), str(path), save_as_external_data=True, location="m.onnx.data",
                     size_threshold=0)
     return path, arrays
 

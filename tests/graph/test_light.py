@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.export.ort_kernels import save_optimized_graph
 from netquant.graph.light import IN_MEMORY_MIN_BYTES, ort_session, remove_where, weights_apart
+from tests.helpers.ir import make_model
 
 
 def _qdq_matmul() -> onnx.ModelProto:
@@ -33,7 +34,7 @@ def _qdq_matmul() -> onnx.ModelProto:
              helper.make_node("MatMul", ["xd", "wd"], ["a"]), helper.make_node("MatMul", ["a", "w2"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 512])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 128])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def _options(save: Path) -> ort.SessionOptions:
@@ -78,7 +79,7 @@ def test_ort_session_with_extra_outputs_and_a_model_without_large_weights() -> N
     x = np.random.default_rng(2).standard_normal((1, 8, 512)).astype(np.float32)
     y, a = sess.run(None, {"x": x})
     np.testing.assert_allclose(y, a @ numpy_helper.to_array(model.graph.initializer[-1]), rtol=1e-4, atol=1e-4)
-    small = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+    small = make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
                                                [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
                                                [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])]),
                               opset_imports=[helper.make_opsetid("", 17)], ir_version=8)

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.ir import make_model
+
 
 def _init(name: str, array: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(array.astype(np.float32), name)
@@ -44,7 +46,7 @@ def conv_net(opset: int = 13, batch: int | str = "N", channels: int = 8, gemm_ou
         nodes, "conv_net",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [batch, 3, 16, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, gemm_out])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7 if opset <= 12 else 8
     onnx.checker.check_model(model)
     return model
@@ -61,7 +63,7 @@ def mlp(features: int = 256, hidden: int = 512, out: int = 16, seed: int = 0) ->
              helper.make_node("Gemm", ["r", "w2", "b2"], ["y"], name="fc2")]
     graph = helper.make_graph(nodes, "mlp", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", features])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", out])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
 
@@ -76,7 +78,7 @@ def gemm_softmax(opset: int = 11, features: int = 16, classes: int = 4, seed: in
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", classes])],
                               [_init("w", rng.standard_normal((classes, features)) * 0.5),
                                _init("b", rng.standard_normal(classes) * 0.1)])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 7 if opset <= 12 else 8
     onnx.checker.check_model(model)
     return model
@@ -95,7 +97,7 @@ def conv_with_runtime_weight() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 8, 8])],
         [_init("w0", rng.standard_normal((4, 3, 3, 3)) * 0.3),
          numpy_helper.from_array(np.array([4, 4, 3, 3], dtype=np.int64), "w_shape")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     model.ir_version = 8
     return model
 

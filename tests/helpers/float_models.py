@@ -8,6 +8,8 @@ import onnx
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.ir import make_model
+
 
 def depthwise_stack(seed: int = 0, width: int = 128, size: int = 16) -> onnx.ModelProto:
     """x[N,16,size,size] -> (1x1 16->width, Relu, depthwise 3x3, Relu) x2 with a 1x1 width->width between -> 1x1
@@ -30,7 +32,7 @@ def depthwise_stack(seed: int = 0, width: int = 128, size: int = 16) -> onnx.Mod
     graph = helper.make_graph(nodes, "depthwise_stack",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, size, size])],
                               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 8, size, size])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 def depthwise_batches(n: int = 2, batch: int = 4, seed: int = 1, size: int = 16) -> list[np.ndarray]:

@@ -8,10 +8,12 @@ from onnx import TensorProto as TP
 from onnx import helper as oh
 from onnx import numpy_helper as nh
 
+from tests.helpers.ir import make_model
+
 
 def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
            inits: list[onnx.TensorProto], name: str, opset: int = 13) -> onnx.ModelProto:
-    model = oh.make_model(oh.make_graph(nodes, name, inputs, outputs, inits),
+    model = make_model(oh.make_graph(nodes, name, inputs, outputs, inits),
                           opset_imports=[oh.make_opsetid("", opset)], ir_version=8)
     return model
 

@@ -13,6 +13,7 @@ from netquant.errors import UnsupportedOpError
 from netquant.graph.dtypes import BITCAST_DTYPES
 from netquant.graph.ops.registry import OpContext, lookup_op
 from netquant.platforms.targets import host_accumulation
+from tests.helpers.ir import make_model
 
 _ML_DTYPES = BITCAST_DTYPES  # numpy (ml_dtypes) dtype name -> (bit view, torch dtype)
 
@@ -155,7 +156,7 @@ def single_node_model(node: onnx.NodeProto, inputs: dict[str, np.ndarray], n_out
     outs = [oh.make_empty_tensor_value_info(o) for o in list(node.output)[: n_out or len(node.output)] if o]
     graph = oh.make_graph([node], "g", vis, outs)
     imports = [oh.make_opsetid("", opset)] + [oh.make_opsetid(d, v) for d, v in (domain_opsets or {}).items()]
-    return oh.make_model(graph, opset_imports=imports, ir_version=8)
+    return make_model(graph, opset_imports=imports, ir_version=8)
 
 
 def ort_and_ours(node: onnx.NodeProto, inputs: dict[str, np.ndarray], opset: int = 17,

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.ir import make_model
+
 RNG_SEED = 1234
 IR_VERSION = 8  # loadable by every onnxruntime we support
 
@@ -42,7 +44,7 @@ def conv_relu_gemm(weights_as_constants: bool = False, opset: int = 13) -> onnx.
     graph = helper.make_graph(nodes, "conv_relu_gemm",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     onnx.checker.check_model(model)
     return model
 
@@ -64,7 +66,7 @@ def residual_concat(opset: int = 13) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "residual_concat",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 8, 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     onnx.checker.check_model(model)
     return model
 
@@ -81,7 +83,7 @@ def matmul_model(opset: int = 13) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "matmul_model",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, 6])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     onnx.checker.check_model(model)
     return model
 
@@ -93,7 +95,7 @@ def dynamic_weight_conv(opset: int = 13) -> onnx.ModelProto:
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 5, 5]),
                                helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, 2, 3, 3])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 3, 3, 3])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION)
     onnx.checker.check_model(model)
     return model
 

@@ -6,6 +6,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.ir import make_model
+
 
 def conv_stack(seed: int = 0, width: int = 48, size: int = 24) -> onnx.ModelProto:
     """x[N,16,size,size] -> Conv 3x3 (16->width) -> Relu -> Conv 3x3 (width->width) -> Relu -> Conv 3x3 (width->8)."""
@@ -25,7 +27,7 @@ def conv_stack(seed: int = 0, width: int = 48, size: int = 24) -> onnx.ModelProt
     graph = helper.make_graph(nodes, "conv_stack", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                   ["N", 16, size, size])],
                               [helper.make_tensor_value_info(prev, TensorProto.FLOAT, ["N", 8, size, size])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 def stack_batches(n: int = 2, batch: int = 4, seed: int = 1, size: int = 24) -> list[np.ndarray]:

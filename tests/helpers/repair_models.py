@@ -8,6 +8,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.ir import make_model
+
 
 def _init(name: str, value: np.ndarray) -> onnx.TensorProto:
     return numpy_helper.from_array(value.astype(np.float32), name)
@@ -47,7 +49,7 @@ def transformer_model(k: int = 32, h: int = 64, seed: int = 0) -> onnx.ModelProt
         nodes, "transformer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 6, k])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 6, k]),
          helper.make_tensor_value_info("y2", TensorProto.FLOAT, ["N", 6, k])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 
@@ -107,7 +109,7 @@ def cnn_model(c: int = 8, seed: int = 0, relu6: bool = False) -> onnx.ModelProto
     graph = helper.make_graph(
         nodes, "cnn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 
@@ -178,6 +180,6 @@ def mobilenet_v2_model(c: int = 8, expand: int = 4, blocks: int = 2, seed: int =
     graph = helper.make_graph(
         nodes, "mobilenet_v2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 12, 12])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 5])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model

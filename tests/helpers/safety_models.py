@@ -6,13 +6,15 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from tests.helpers.ir import make_model
+
 
 def _model(nodes: list[onnx.NodeProto], inputs: list[onnx.ValueInfoProto], outputs: list[onnx.ValueInfoProto],
            inits: list[onnx.TensorProto] = (), opset: int = 13, ir: int = 8,
            extra_opsets: tuple[tuple[str, int], ...] = ()) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "g", inputs, outputs, list(inits))
     opsets = [helper.make_opsetid("", opset)] + [helper.make_opsetid(d, v) for d, v in extra_opsets]
-    model = helper.make_model(graph, opset_imports=opsets)
+    model = make_model(graph, opset_imports=opsets)
     model.ir_version = ir
     return model
 

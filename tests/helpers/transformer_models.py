@@ -9,6 +9,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from netquant.api import zoo
+from tests.helpers.ir import make_model
 
 SMALL = {"layers": 2, "dim": 64, "heads": 4, "ff": 128, "vocab": 512}
 
@@ -67,7 +68,7 @@ def ort_fused_bert(seed: int = 0, vocab: int = 512, hidden: int = 64, heads: int
     graph = helper.make_graph(nodes, "ort_fused_bert", inputs,
                               [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", seq, hidden])],
                               inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
 
 
 def ort_fused_batches(n: int, seq: int = 16, seed: int = 0, vocab: int = 512) -> list[dict[str, np.ndarray]]:

@@ -21,6 +21,7 @@ from netquant.nn.integer_weights import (
     quantize_linear,
     reorient_blocked_weights,
 )
+from tests.helpers.ir import make_model
 
 
 def _session(path: Path | bytes, literal: bool = False) -> ort.InferenceSession:
@@ -133,7 +134,7 @@ def _q_model(x: np.ndarray, scale: np.ndarray, zero: np.ndarray | None, elem: in
              helper.make_node("Mul", ["a", "d"], ["y"])]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, list(x.shape))],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(x.shape))], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
 
 
 @pytest.mark.parametrize(("elem", "axis", "block", "with_zero"), [
@@ -228,7 +229,7 @@ def test_blocked_weights_are_reoriented_for_engines_with_the_same_outputs(form: 
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, x_shape[:-1] + [n])], inits,
                               value_info=[helper.make_tensor_value_info("w", TensorProto.FLOAT, [n, k])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
     x = rng.standard_normal(x_shape).astype(np.float32)
     want = _session(model.SerializeToString(), literal=True).run(None, {"x": x})[0]
     assert reorient_blocked_weights(model) == 1

@@ -15,6 +15,7 @@ from netquant.core.int_kernels import count_overflow_pairs
 from netquant.core.ops import quantize
 from netquant.passes.adaround import AdaRoundPass
 from netquant.passes.quant_graph import constant_codes
+from tests.helpers.ir import make_model
 from tests.helpers.repair_models import cnn_inputs, cnn_model
 
 
@@ -82,7 +83,7 @@ def pair_model() -> onnx.ModelProto:
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 32])],
         [numpy_helper.from_array(w.astype(np.float32), "w"),
          numpy_helper.from_array(rng.normal(0, 0.1, 32).astype(np.float32), "b")])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
 
 
 def test_adaround_keeps_the_pair_limit_and_is_deterministic(tmp_path):

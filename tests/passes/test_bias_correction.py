@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 import netquant
 from netquant.passes.bias_correction import correct_biases
 from netquant.passes.quant_graph import fake_quant
+from tests.helpers.ir import make_model
 
 C, HW = 8, 12
 
@@ -33,7 +34,7 @@ def edge_model() -> onnx.ModelProto:
         [node], "edge", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", C, HW, HW])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", C, HW, HW])],
         [numpy_helper.from_array(w.astype(np.float32), "w"), numpy_helper.from_array(b.astype(np.float32), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 

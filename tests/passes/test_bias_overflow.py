@@ -24,6 +24,7 @@ from netquant.passes.bias import BiasOverflowWarning, BiasPass, bias_limit
 from netquant.passes.manager import PassManager
 from netquant.passes.ptq import default_passes
 from netquant.passes.settings import QuantSettings
+from tests.helpers.ir import make_model
 
 CIN, COUT, HW = 48, 4, 6  # 48 * 3 * 3 = 432 MACs per output: enough for ORT's QLinearConv rule
 FAN_IN = CIN * 9
@@ -38,7 +39,7 @@ def conv_model(weight: np.ndarray, bias: np.ndarray) -> onnx.ModelProto:
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", CIN, HW, HW])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", weight.shape[0], HW, HW])],
         [numpy_helper.from_array(weight.astype(np.float32), "w"), numpy_helper.from_array(bias.astype(np.float32), "b")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model

@@ -21,6 +21,7 @@ from netquant.passes.flat_ranges import clip_bounds
 from netquant.passes.quantizer import GraphIndex
 from netquant.passes.value_floors import value_floors
 from tests.helpers.export_models import conv_net
+from tests.helpers.ir import make_model
 from tests.helpers.quant_params import tensor_params as _params
 
 
@@ -73,7 +74,7 @@ def _hard_swish_model(activation: str = "hard_swish") -> onnx.ModelProto:
              helper.make_node("MatMul", ["z" if activation == "hard_swish" else "a", "w2"], ["y"])]
     graph = helper.make_graph(nodes, "hswish", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])], [w1, w2, *consts])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def _auto(model: onnx.ModelProto, batches: list[Any], monkeypatch: pytest.MonkeyPatch) -> Any:

@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 from netquant.api import quantize_onnx, zoo
 from netquant.passes.calib_stack import STACK_MAX_SAMPLES, concat, same_layout, stack_size
 from tests.helpers.export_models import conv_net
+from tests.helpers.ir import make_model
 from tests.helpers.quant_params import tensor_params as _params
 
 
@@ -90,7 +91,7 @@ def _batch_mixing_model() -> onnx.ModelProto:
              helper.make_node("MatMul", ["c", "w"], ["y"])]
     graph = helper.make_graph(nodes, "mix", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], [w])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
 def test_op_mixing_the_batch_dim_is_detected() -> None:

@@ -22,6 +22,7 @@ from netquant.passes.embeddings import (
     coded_row_scales,
     half_exact_scales,
 )
+from tests.helpers.ir import make_model
 from tests.helpers.transformer_models import SMALL, cosine, small_bert, small_bert_batches
 
 
@@ -120,7 +121,7 @@ def _positions_model(path: Path) -> Path:
              helper.make_node("MatMul", ["h", "w"], ["y"], name="mm")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64, 256])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64, 256])], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    onnx.save(make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return path
 
 

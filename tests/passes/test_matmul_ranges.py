@@ -15,6 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import netquant
 from netquant.api import zoo
 from netquant.passes.matmul_ranges import CLIPS, NAME
+from tests.helpers.ir import make_model
 
 CFG = {"layers": 2, "dim": 384, "heads": 12, "ff": 1536, "vocab": 512}
 SEQ = 64
@@ -136,7 +137,7 @@ def feed_forward_block(seed: int = 0):
              helper.make_node("Add", ["o1", "x"], ["y"], name="residual")]
     graph = helper.make_graph(nodes, "ffn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 16, k])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, k])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
 
 def test_rejected_clipped_ranges_stay_rejected_from_the_placement_file(tmp_path):

@@ -31,6 +31,7 @@ from netquant.passes.build_configs import BuildConfigsPass
 from netquant.passes.calibration import CalibrationPass
 from netquant.passes.ptq import default_passes
 from netquant.passes.settings import QuantSettings
+from tests.helpers.ir import make_model
 
 DEFAULT_NAMES = ["graph clean-up", "calibration data", "quantization configs", "calibration", "scale alignment",
                  "bias quantization", "bias correction", "embedding tables", "deployability check"]
@@ -46,7 +47,7 @@ def conv_identity_relu() -> onnx.ModelProto:
              helper.make_node("Relu", ["i"], ["y"], name="relu")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, 8, 8])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3 + 1, 8, 8])], [w, b])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def batches(n: int = 3) -> list[dict[str, np.ndarray]]:

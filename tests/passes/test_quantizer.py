@@ -17,6 +17,7 @@ from netquant.errors import CalibrationError, ConfigError, DataError, Unsupporte
 from netquant.graph import load_onnx
 from netquant.passes import OpSelector, Override, QuantizerWarning, build_quant_graph
 from netquant.platforms import get_platform
+from tests.helpers.ir import make_model
 from tests.helpers.onnx_models import (
     calib_batches,
     conv_relu_gemm,
@@ -227,7 +228,7 @@ def test_model_without_float_inputs_needs_no_calibration():
     node = helper.make_node("Gemm", ["x", "W"], ["y"], name="g")
     graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])], [w])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
     onnx.checker.check_model(model)
     qm = netquant.quantize_onnx(model, [np.array([[1.0, -1.0]], np.float32)], quiet=True)
     assert qm.quantized_ops() == ["g"]

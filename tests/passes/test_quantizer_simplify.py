@@ -14,6 +14,7 @@ import netquant
 from netquant.graph import load_onnx, to_onnx
 from netquant.passes.flat_ranges import FlatRanges
 from netquant.passes.simplify import fold_conv_affine, hardswish_to_hardsigmoid, simplify
+from tests.helpers.ir import make_model
 
 K, C = 1.7, 0.4  # learnable-affine-block scale and shift (PP-LCNet style)
 
@@ -43,7 +44,7 @@ def lcnet_block(residual: bool = False) -> onnx.ModelProto:
         outputs.append(helper.make_tensor_value_info("a", TensorProto.FLOAT, ["N", 16, 8, 8]))
     graph = helper.make_graph(nodes, "lcnet_block",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 8, 8])], outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 

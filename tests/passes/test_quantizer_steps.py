@@ -14,6 +14,7 @@ from netquant.graph import load_onnx
 from netquant.graph.op_config import OpQuantConfig, TensorRole
 from netquant.passes import OpSelector, Override, build_quant_graph
 from netquant.platforms import get_platform
+from tests.helpers.ir import make_model
 
 
 def conv_relu_concat() -> onnx.ModelProto:
@@ -26,7 +27,7 @@ def conv_relu_concat() -> onnx.ModelProto:
              helper.make_node("Concat", ["r", "x"], ["y"], name="cat", axis=1)]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 4, 4])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6, 4, 4])], [w, b])
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 def test_platform_hook_runs_after_the_user_overrides() -> None:

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from netquant.graph import Executor, load_onnx
 from netquant.passes.value_floors import stationary_floor, value_floors
+from tests.helpers.ir import make_model
 
 
 def test_hard_swish_floor_is_its_minimum_in_both_engines() -> None:
@@ -22,7 +23,7 @@ def test_hard_swish_floor_is_its_minimum_in_both_engines() -> None:
     # the engines on a dense grid through the vertex never go below it
     xs = np.linspace(-3.5, 1.0, 200_001, dtype=np.float32)
     nodes = [helper.make_node("HardSwish", ["x"], ["y"])]
-    model = helper.make_model(helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+    model = make_model(helper.make_graph(nodes, "hs", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
                                                                                              [None])],
                                                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [None])]),
                               opset_imports=[helper.make_opsetid("", 14)])
@@ -39,7 +40,7 @@ def _affine_graph(k: float, b: float) -> object:
              numpy_helper.from_array(np.array([b, 2 * b], np.float32), "b")]
     graph = helper.make_graph(nodes, "affine", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
                               [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2]) for n in ("d", "neg")], inits)
-    return load_onnx(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
+    return load_onnx(make_model(graph, opset_imports=[helper.make_opsetid("", 14)]))
 
 
 def test_floors_follow_affine_ops_with_constants() -> None:

@@ -16,6 +16,7 @@ from netquant.api.weight_only import quantize_weights_onnx
 from netquant.core.blockwise import BlockSpec, WeightOnlyFormat, quantize_hqq, quantize_rtn
 from netquant.errors import ConfigError, DataError
 from netquant.passes.weight_only import WeightAlgorithm, WeightOnlyConfig
+from tests.helpers.ir import make_model
 from tests.helpers.llm_models import export_tiny_llama, tiny_llama, token_feeds
 
 
@@ -32,7 +33,7 @@ def _one_matmul(path: Path, k: int, n: int, gemm_bias: bool = False, seed: int =
         x_info = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])
         y_info = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, n])
     graph = helper.make_graph([node], "g", [x_info], [y_info], inits)
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    onnx.save(make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
     return w
 
 

@@ -11,6 +11,7 @@ import netquant
 from netquant.core.spec import Granularity, QuantSpec, RoundingPolicy
 from netquant.core.tensor_config import QuantState
 from netquant.platforms import Platform, get_platform, list_platforms, register_platform, unregister_platform
+from tests.helpers.ir import make_model
 from tests.helpers.onnx_models import calib_batches, residual_concat
 
 HOOKED: list[str] = []
@@ -80,7 +81,7 @@ def test_hook_changing_spec_is_used_in_calibration(my_npu):
     graph = helper.make_graph([add], "adder", [helper.make_tensor_value_info(n, TensorProto.FLOAT, [1, 4])
                                                 for n in ("x1", "x2")],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     x1 = np.array([[0.5, -2.0, 1.0, 0.25]], np.float32)
     x2 = np.array([[3.0, 1.0, -1.0, 0.0]], np.float32)
     qm = netquant.quantize_onnx(model, [{"x1": x1, "x2": x2}], platform="my_npu", quiet=True,

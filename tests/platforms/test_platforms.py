@@ -17,6 +17,7 @@ from netquant.platforms import (
     register_platform,
     unregister_platform,
 )
+from tests.helpers.ir import make_model
 from tests.helpers.onnx_models import conv_relu_gemm, matmul_model, residual_concat
 
 BUILTIN_NAMES = ["onnxruntime_int8", "tensorrt_int8", "openvino_int8", "tflite_int8", "ncnn_int8", "qnn_dsp",
@@ -220,7 +221,7 @@ def _depthwise_model(after_relu: bool):
              helper.make_node("Conv", ["r", "Wd"], ["y"], name="dw", group=16, pads=[1, 1, 1, 1])]
     graph = helper.make_graph(nodes, "dw", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 6, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 6, 6])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 13)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 

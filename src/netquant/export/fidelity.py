@@ -184,13 +184,16 @@ _REFERENCES: weakref.WeakKeyDictionary[Any, _Reference] = weakref.WeakKeyDiction
 
 
 def _cleaned_fp32(qgraph: QuantizedGraph) -> onnx.ModelProto:
-    """The cleaned-up FP32 graph as ONNX with the FP32 biases (bias correction's rewrites undone)."""
+    """The cleaned-up FP32 graph as ONNX with the FP32 biases (bias correction's rewrites undone), at the lowest IR
+    version its opsets need (as the exported file: a source written at a newer IR than this onnxruntime knows)."""
     from onnx import numpy_helper
 
     from netquant.export.onnx_qdq import fp32_onnx
+    from netquant.export.opset import lower_ir_version
 
     model = onnx.ModelProto()
     model.CopyFrom(fp32_onnx(qgraph))
+    lower_ir_version(model)
     if qgraph.bias_corrections:
         for t in model.graph.initializer:
             bc = qgraph.bias_corrections.get(t.name)

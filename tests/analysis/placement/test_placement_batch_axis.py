@@ -10,6 +10,7 @@ from onnx import TensorProto, helper, numpy_helper
 from netquant.analysis.placement import batch_axis
 from netquant.api import quantize_onnx
 from netquant.graph.ir import Value
+from tests.helpers.ir import make_model
 
 
 @pytest.mark.parametrize(("shape", "cut"), [
@@ -30,7 +31,7 @@ def _streaming(dim0: str) -> onnx.ModelProto:
              helper.make_node("MatMul", ["r", "w2"], ["y"], name="mm2")]
     graph = helper.make_graph(nodes, "stream", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [dim0, 256])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [dim0, 64])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    return make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
 @pytest.mark.parametrize(("dim0", "timed"), [("frames", 40), ("batch", 1)])

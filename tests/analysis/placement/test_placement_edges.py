@@ -15,6 +15,7 @@ from netquant.analysis.placement import FLOAT, WEIGHT_ONLY, Reason
 from netquant.analysis.placement.constants import WEIGHT_ONLY_SHARE
 from netquant.analysis.placement.edges import edge_candidates
 from netquant.analysis.regions import find_regions
+from tests.helpers.ir import make_model
 
 C, LAYERS, IMAGE, PATCH = 96, 4, 32, 4
 TOKENS = (IMAGE // PATCH) ** 2
@@ -51,7 +52,7 @@ def vit_like(seed: int = 0) -> onnx.ModelProto:
     graph = helper.make_graph(nodes, "vit_like", [helper.make_tensor_value_info("pixels", TensorProto.FLOAT,
                                                                                  ["N", 3, IMAGE, IMAGE])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", TOKENS, C])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 

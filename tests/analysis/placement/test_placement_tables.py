@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 import netquant
 from netquant.analysis.placement import FLOAT, INT8, Reason
 from netquant.analysis.placement.constants import EDGE_MIN_GAIN, TABLE_MIN_GAIN
+from tests.helpers.ir import make_model
 
 C, LAYERS, VOCAB, POSITIONS, SEQ = 128, 6, 256, 128, 64
 OUTLIER = 20.0  # one column of the position table this many times the others (per-row int8 steps 20x coarser)
@@ -49,7 +50,7 @@ def embedder(seed: int = 0) -> onnx.ModelProto:
     tensors += [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in (("zero", 0), ("one", 1))]
     graph = helper.make_graph(nodes, "embedder", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["N", "T"])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", "T", C])], tensors)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
+    model = make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
     onnx.checker.check_model(model)
     return model
 
