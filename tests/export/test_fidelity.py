@@ -365,7 +365,9 @@ def test_a_placed_model_is_timed_at_the_shapes_placement_timed(tmp_path, dim0: s
     all-INT8 one it timed) and compares every sample."""
     rng = np.random.default_rng(1)
     calib = [{"x": rng.standard_normal((40, 256)).astype(np.float32)} for _ in range(3)]
-    qm = netquant.quantize_onnx(_two_matmuls(dim0), calib, objective="balanced", quiet=True)
+    # allow_float: on one sample of this small model INT8 can time slower than FP32 (x86 without VNNI), and the
+    # timed shapes are the subject here, not that verdict
+    qm = netquant.quantize_onnx(_two_matmuls(dim0), calib, objective="balanced", quiet=True, allow_float=True)
     assert qm.qgraph.timed_shapes == {"x": (timed, 256)}
     c = qm.export(tmp_path / "q.onnx").vs_fp32
     assert c.timed_batch == timed and c.int8_ms > 0 and c.fp32_ms > 0 and c.samples == 40 * len(_batches(qm))
