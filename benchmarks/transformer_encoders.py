@@ -15,7 +15,9 @@ FP32 latency / method latency. Cosine on x86 without VNNI: batch 1, each file's 
 netquant's executor with pairwise-int16 accumulation (cosine_without_vnni). Quantization time: quantize (+ export
 with its validation for netquant) wall seconds, every method's Python modules imported before the first is timed
 (warm_imports: no method pays a one-time import), each method run twice in two passes (quantize_all), each run
-after an untimed garbage collection: the second run reported, the first beside it.
+after an untimed garbage collection: the second run reported, the first beside it. Targets (the results file's
+first section): each model against issue 21's targets, the latency one as netquant's time over the fastest ORT
+recipe within 0.5% of FP32's cosine paired round by round (analysis.timing.InterleavedTimes.paired_ratio).
 
     python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
         [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
