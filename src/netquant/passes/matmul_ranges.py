@@ -243,7 +243,7 @@ class MatMulRangesPass(PassBase):
                         continue
                     if site.errors is None:
                         continue
-                    x = x.float().reshape(-1, x.shape[-1])
+                    x = x.detach().to("cpu", torch.float32).reshape(-1, x.shape[-1])  # (calibration on the GPU keeps them there)
                     w2 = site.w2.float()
                     for i, p in enumerate(site.candidates):
                         # per row sum_k w2_k d_k^2 (float32, one matrix-vector product), the rows summed in float64
