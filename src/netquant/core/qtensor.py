@@ -10,14 +10,15 @@ qint32 <-> 32-bit signed specs).
 
 Quantizing uses netquant.core.ops.quantize: q = clamp(round(x * (1/s)) + z, qmin, qmax), except
 the torch-signature constructors quantize_per_tensor / quantize_per_channel, which reproduce torch's
-own int_repr bit for bit (torch rounds x/s + z; see _quantize_torch_order).
-torch.quantize_per_tensor instead rounds the float32 sum x * (1/s) + z; the two differ only
-where that sum's float32 rounding lands on a tie (about 1 element in 10^5 when z != 0).
+own int_repr bit for bit (see _quantize_torch_order). torch's CPU wheel 2.13 rounds the float32 sum
+x * (1/s) + z instead; the two differ only where that sum's float32 rounding lands on a tie (about 1
+element in 10^5 when z != 0). Other torch builds round first, as netquant does (torch_adds_zero_point_first).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import warnings
@@ -57,16 +58,36 @@ def _torch_dtype_spec(qdtype: torch.dtype, per_channel_axis: int | None, symmetr
     return QuantSpec(bits=bits, signed=signed, symmetric=symmetric and signed, **gran)
 
 
+@functools.cache
+def torch_adds_zero_point_first(per_channel: bool) -> bool:
+    """Whether this torch build's quantize_per_tensor (quantize_per_channel) rounds x/s + z rather than rounding
+    x/s and then adding z: the tie x = 0.5, s = 1, z = 1 gives 2 (adds first: the torch 2.13 CPU wheel on x86) or
+    1 (rounds first: torch 2.11's CUDA wheel on an AVX-512 Xeon). A torch without quantized tensors: True."""
+    x = torch.tensor([0.5])
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's deprecation of its quantized tensors
+            q = (torch.quantize_per_channel(x, torch.ones(1, dtype=torch.float64), torch.ones(1, dtype=torch.long),
+                                            0, torch.quint8) if per_channel else
+                 torch.quantize_per_tensor(x, 1.0, 1, torch.quint8))
+        return int(q.int_repr()[0]) == 2
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return True
+
+
 def _quantize_torch_order(x: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor, spec: QuantSpec,
                           axis: int | None) -> torch.Tensor:
     """int_repr exactly as torch.quantize_per_tensor / quantize_per_channel compute it (8-bit dtypes).
 
-    torch adds z before rounding: per tensor q = clamp(round(fma(x, 1/s, z)), qmin, qmax) (one float32
-    rounding of x*(1/s)+z, as its vectorized fbgemm kernel does); per channel
-    q = clamp(round(float32(x*(1/s)) + z), qmin, qmax). Half-even rounding, 1/s in float32. On exact ties
-    with z != 0 this differs from `ops.quantize` (ONNX QuantizeLinear semantics: round, then add z).
-    Non-finite values follow ops.quantize (+-Inf saturate, NaN -> qmin).
+    Where torch adds z before rounding (torch_adds_zero_point_first): per tensor
+    q = clamp(round(fma(x, 1/s, z)), qmin, qmax) (one float32 rounding of x*(1/s)+z, as its vectorized fbgemm
+    kernel does); per channel q = clamp(round(float32(x*(1/s)) + z), qmin, qmax). Half-even rounding, 1/s in
+    float32. On exact ties with z != 0 this differs from `ops.quantize` (ONNX QuantizeLinear semantics: round,
+    then add z), which is what a torch that rounds first gives. Non-finite values follow ops.quantize
+    (+-Inf saturate, NaN -> qmin).
     """
+    if not torch_adds_zero_point_first(axis is not None):
+        return ops.quantize(x, scale, zero_point, spec)
     inv = torch.reciprocal(scale.to(torch.float32))
     z = zero_point.to(torch.float32)
     if axis is not None:
