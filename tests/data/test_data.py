@@ -35,6 +35,19 @@ def test_rendering_is_deterministic_in_the_seed() -> None:
     assert [x.text for x in a] != [x.text for x in c]
 
 
+def test_rendering_uses_only_the_fonts_netquant_ships() -> None:
+    """The lines (and every accuracy number measured on them) do not depend on the machine's installed fonts: each
+    face is a file inside the package, or PIL's own default font (None)."""
+    import netquant
+    from netquant.data.text_render import DEJAVU_FACES, _font_sources
+
+    package = Path(netquant.__file__).parent
+    files = [s for s in _font_sources() if s is not None]
+    assert len(files) == len(DEJAVU_FACES) and None in _font_sources()
+    assert all(Path(f).is_file() and Path(f).is_relative_to(package) for f in files)
+    assert (package / "data" / "fonts" / "LICENSE").is_file()
+
+
 def test_rendered_lines_fit_the_recognizer_width_and_use_known_characters() -> None:
     from netquant.api import zoo
 

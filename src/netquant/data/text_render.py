@@ -15,7 +15,9 @@ from pathlib import Path
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
 
 CORPUS_PATH = Path(__file__).with_name("corpus_en.txt")
-DEJAVU_DIR = Path("/usr/share/fonts/truetype/dejavu")
+# DejaVu 2.37 (fonts/LICENSE: Bitstream Vera terms), shipped with netquant: the rendered lines, and so every
+# measurement made on them, are the same on every machine, whatever fonts it has installed
+DEJAVU_DIR = Path(__file__).with_name("fonts")
 DEJAVU_FACES = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansMono.ttf",
                 "DejaVuSerif-Bold.ttf", "DejaVuSansCondensed.ttf")
 MAX_ASPECT = 320 / 48  # widest line (w / h) the recognizer sees without squeezing
@@ -37,9 +39,8 @@ def corpus_words() -> tuple[str, ...]:
 
 @functools.cache
 def _font_sources() -> tuple[str | None, ...]:
-    """DejaVu faces present on this machine plus PIL's bundled default font (None)."""
-    found = tuple(str(DEJAVU_DIR / f) for f in DEJAVU_FACES if (DEJAVU_DIR / f).exists())
-    return (*found, None)
+    """netquant's DejaVu faces plus PIL's bundled default font (None)."""
+    return (*(str(DEJAVU_DIR / f) for f in DEJAVU_FACES), None)
 
 
 @functools.cache
