@@ -21,9 +21,20 @@ LIGHT_PARAMS = [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_LIGHT else 
 def test_light_model_matches_stored_output(name: str) -> None:
     model, x, ref = light_case(name)
     graph = load_onnx(model)
-    out = Executor(graph).run([x])
+    last = graph.nodes[-1]
+    equal_logits = last.op_type == "Softmax" and np.ptp(ref) == 0  # a uniform stored output
+    out = Executor(graph).run([x], outputs=[graph.outputs[0].name, *([last.inputs[0]] if equal_logits else [])])
     got = out[graph.outputs[0].name].numpy()
     assert got.shape == ref.shape
+    if equal_logits:
+        # constant weights (these light stand-ins) give equal logits near 1e10-1e21, whose Softmax is uniform only
+        # when they are equal to the bit; a CPU whose convolutions sum in another order leaves them ulps apart (seen:
+        # 7e-7 of their size on an AVX-512 Xeon, where Softmax then peaks), so the stored output is held to what
+        # it states: equal logits, and the uniform output where they are bit-equal
+        logits = out[last.inputs[0]].numpy()
+        assert np.ptp(logits) <= 1e-5 * np.abs(logits).max()
+        if np.ptp(logits) > 0:
+            return
     # onnx's runner compares with rtol=1e-3, atol=1e-7; we hold ourselves to that
     np.testing.assert_allclose(got, ref, rtol=1e-3, atol=1e-7)
 

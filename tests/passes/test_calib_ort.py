@@ -105,11 +105,13 @@ def test_hard_swish_minimum_is_settled_by_its_floor(monkeypatch: pytest.MonkeyPa
     assert floors["a"] == -0.375 and floors["ka"] == float(np.float32(np.float32(0.03095054) * np.float32(-0.375)))
     assert floors["z"] == float(np.float32(floors["ka"]) + np.float32(-4.651e-05))
     # the data reach it: every batch's minimum of a lies within 6e-6 of -0.375 (a rounding boundary: undecided
-    # without the floor), one batch's is -0.375 itself and z's the floor of z
+    # without the floor), none below it (here, on AVX2, one batch's is -0.375 itself and z's the floor of z; a CPU
+    # whose MatMul kernels sum x w1 in another order may stop a float step short of it)
     with torch.no_grad():
         runs = [Executor(graph).run({"x": torch.from_numpy(b)}, outputs=["a", "z"]) for b in batches]
     lows = [float(r["a"].min()) for r in runs]
-    assert min(lows) == -0.375 and max(lows) < -0.375 + 6e-6 and min(float(r["z"].min()) for r in runs) == floors["z"]
+    assert -0.375 <= min(lows) and max(lows) < -0.375 + 6e-6
+    assert min(float(r["z"].min()) for r in runs) >= floors["z"]
     ex, ort = _both(model, batches, simplify=False)
     c = ort.qgraph.calibration
     assert c.engine == "onnxruntime" and c.exact_reruns == 0  # no batch goes below the floor: nothing to re-run
