@@ -22,12 +22,6 @@ class InterleavedTimes:
         """Per call: its fastest single run (what a quiet machine gives, on a host whose load only adds time)."""
         return [min(t for rnd in call for t in rnd) for call in self.runs_ms]
 
-    def paired_ratio(self, i: int, j: int) -> float:
-        """median over rounds r of median(runs of i in r) / median(runs of j in r): call i's time over call j's,
-        each round's pair timed back to back, so load that shifts between rounds hits both sides of a ratio."""
-        return statistics.median(statistics.median(a) / statistics.median(b)
-                                 for a, b in zip(self.runs_ms[i], self.runs_ms[j], strict=True))
-
 
 def interleaved_times(calls: Sequence[Callable[[], object]], *, per_round: int, rounds: int = 5,
                       warmup: int = 3, settled: Callable[[list[float]], bool] | None = None,
