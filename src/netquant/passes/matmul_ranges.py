@@ -243,7 +243,8 @@ class MatMulRangesPass(PassBase):
                         continue
                     if site.errors is None:
                         continue
-                    x = x.detach().to("cpu", torch.float32).reshape(-1, x.shape[-1])  # (calibration on the GPU keeps them there)
+                    # on the CPU: calibration with device="cuda" keeps the values on the GPU
+                    x = x.detach().to("cpu", torch.float32).reshape(-1, x.shape[-1])
                     w2 = site.w2.float()
                     for i, p in enumerate(site.candidates):
                         # per row sum_k w2_k d_k^2 (float32, one matrix-vector product), the rows summed in float64
