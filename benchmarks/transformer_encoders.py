@@ -627,6 +627,38 @@ def merge(parts: list[Path], note: str = "") -> str:
     return "\n".join(lines)
 
 
+def quant_times(models: str, forms: str, n_calib: int, passes: int) -> str:
+    """The quantization-time column only (--quant-passes N): netquant default (quantize + export with its validation)
+    and ORT static MinMax alternating N times per section, each run as quantize_all runs it (probe caches cleared,
+    after an untimed garbage collection), every run printed and the ratio of medians and of fastest runs, as a
+    markdown table printed row by row and returned."""
+    import statistics
+
+    lines = ["| section | netquant default s | ORT static MinMax s | medians: netquant / ORT | fastest: netquant / ORT |",
+             "|---|---|---|---|---|"]
+    print("\n".join(lines), flush=True)
+    with tempfile.TemporaryDirectory(prefix="netquant_quant_times_") as tmp:
+        for key in models.split(","):
+            for form in forms.split(","):
+                case = make_case(key, form, n_calib, 0)
+                runs: dict[str, list[float]] = {"netquant": [], "ort": []}
+                for i in range(passes):
+                    for label, fn in (("netquant", netquant_default), ("ort", ort_static)):
+                        clear_process_caches()
+                        gc.collect()
+                        t = time.perf_counter()
+                        with warnings.catch_warnings():
+                            warnings.simplefilter("ignore")
+                            fn(case, Path(tmp) / f"{label}{i}.onnx")
+                        runs[label].append(time.perf_counter() - t)
+                ours, peer = runs["netquant"], runs["ort"]
+                lines.append(f"| {case.name} | {', '.join(f'{x:.2f}' for x in ours)} | "
+                             f"{', '.join(f'{x:.2f}' for x in peer)} | "
+                             f"{statistics.median(ours) / statistics.median(peer):.3f} | {min(ours) / min(peer):.3f} |")
+                print(lines[-1], flush=True)
+    return "\n".join(lines)
+
+
 def sizes(models: str, forms: str, n_calib: int) -> str:
     """The file-size column only (--sizes): netquant default and ORT quantize_dynamic (per-channel, reduce_range)
     written for each section, no latency or cosine runs, as a markdown table (bytes, so small moves show), printed
@@ -667,6 +699,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=RESULTS)
     ap.add_argument("--merge", type=Path, nargs="+", help="merge these results files into --out and exit (newer "
                     "first: a section is taken from the first file that has it)")
+    ap.add_argument("--quant-passes", type=int, default=0, help="only the quantization-time column: netquant "
+                    "default and ORT static alternating this many times per section, every run printed (minutes); "
+                    "nothing written to --out")
     ap.add_argument("--targets", type=Path, help="recompute the Targets section of this results file from its "
                     "tables and its .runs.json, write it to --out and exit")
     ap.add_argument("--note", default="", help="with --merge: a paragraph for the merged file's header")
@@ -674,6 +709,10 @@ def main() -> int:
                     "ORT quantize_dynamic's (reduce_range) files per section and print their bytes (minutes, not "
                     "the full run's hour); nothing written to --out")
     args = ap.parse_args()
+    if args.quant_passes:
+        warm_imports()
+        quant_times(args.models, args.forms, args.calib, args.quant_passes)  # printed row by row
+        return 0
     if args.sizes:
         warm_imports()
         sizes(args.models, args.forms, args.calib)  # printed row by row
