@@ -229,20 +229,28 @@ def quantize_all(case: Case, work: Path) -> list[Result]:
         for r, (label, fn) in zip(results[1:], methods(), strict=True):
             if r.path is None:
                 continue  # failed in the first pass
-            if label.startswith("netquant"):
-                clear_process_caches()
-            gc.collect()  # every method starts from a collected heap: no earlier method's unreachable cycles freed in it
-            t = time.perf_counter()
             try:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    r.note = fn(case, r.path)
+                seconds, r.note = timed_quantization(label, fn, case, r.path)
             except Exception as exc:  # noqa: BLE001 - a peer failing is a result to report, not a crash
                 traceback.print_exc()
                 r.path, r.note = None, f"failed: {type(exc).__name__}: {str(exc)[:160]}"
                 continue
-            r.quant_runs_s.append(time.perf_counter() - t)
+            r.quant_runs_s.append(seconds)
     return results
+
+
+def timed_quantization(label: str, fn: Callable[[Case, Path], str], case: Case, out: Path) -> tuple[float, str]:
+    """(wall seconds, note) of one method writing `out`: netquant's probe caches cleared first, after an untimed
+    garbage collection (every method starts from a collected heap: no earlier method's unreachable cycles freed in
+    its time), warnings silenced."""
+    if label.startswith("netquant"):
+        clear_process_caches()
+    gc.collect()
+    t = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        note = fn(case, out)
+    return time.perf_counter() - t, note
 
 
 def cosine_without_vnni(path: Path, feeds: list[Feeds], ref: list[np.ndarray],
@@ -627,58 +635,55 @@ def merge(parts: list[Path], note: str = "") -> str:
     return "\n".join(lines)
 
 
-def quant_times(models: str, forms: str, n_calib: int, passes: int) -> str:
-    """The quantization-time column only (--quant-passes N): netquant default (quantize + export with its validation)
-    and ORT static MinMax alternating N times per section, each run as quantize_all runs it (probe caches cleared,
-    after an untimed garbage collection), every run printed and the ratio of medians and of fastest runs, as a
-    markdown table printed row by row and returned."""
-    import statistics
-
-    lines = ["| section | netquant default s | ORT static MinMax s | medians: netquant / ORT | fastest: netquant / ORT |",
-             "|---|---|---|---|---|"]
+def column(models: str, forms: str, n_calib: int, head: list[str],
+           row: Callable[[Case, Path], list[str]]) -> str:
+    """One column's markdown table (the --sizes and --quant-passes modes): `head`, then row(case, a scratch folder)
+    for every section, printed row by row and returned."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     print("\n".join(lines), flush=True)
-    with tempfile.TemporaryDirectory(prefix="netquant_quant_times_") as tmp:
+    with tempfile.TemporaryDirectory(prefix="netquant_column_") as tmp:
         for key in models.split(","):
             for form in forms.split(","):
                 case = make_case(key, form, n_calib, 0)
-                runs: dict[str, list[float]] = {"netquant": [], "ort": []}
-                for i in range(passes):
-                    for label, fn in (("netquant", netquant_default), ("ort", ort_static)):
-                        clear_process_caches()
-                        gc.collect()
-                        t = time.perf_counter()
-                        with warnings.catch_warnings():
-                            warnings.simplefilter("ignore")
-                            fn(case, Path(tmp) / f"{label}{i}.onnx")
-                        runs[label].append(time.perf_counter() - t)
-                ours, peer = runs["netquant"], runs["ort"]
-                lines.append(f"| {case.name} | {', '.join(f'{x:.2f}' for x in ours)} | "
-                             f"{', '.join(f'{x:.2f}' for x in peer)} | "
-                             f"{statistics.median(ours) / statistics.median(peer):.3f} | {min(ours) / min(peer):.3f} |")
+                lines.append("| " + " | ".join([case.name, *row(case, Path(tmp))]) + " |")
                 print(lines[-1], flush=True)
     return "\n".join(lines)
+
+
+def quant_times(models: str, forms: str, n_calib: int, passes: int) -> str:
+    """The quantization-time column only (--quant-passes N): netquant default (quantize + export with its validation)
+    and ORT static MinMax alternating N times per section, each run as quantize_all times it
+    (timed_quantization), every run and the ratios of medians and of fastest runs."""
+    import statistics
+
+    def row(case: Case, tmp: Path) -> list[str]:
+        ours: list[float] = []
+        peer: list[float] = []
+        for i in range(passes):
+            ours.append(timed_quantization("netquant default", netquant_default, case, tmp / f"netquant{i}.onnx")[0])
+            peer.append(timed_quantization("ORT static", ort_static, case, tmp / f"ort{i}.onnx")[0])
+        return [", ".join(f"{x:.2f}" for x in ours), ", ".join(f"{x:.2f}" for x in peer),
+                f"{statistics.median(ours) / statistics.median(peer):.3f}", f"{min(ours) / min(peer):.3f}"]
+
+    return column(models, forms, n_calib, ["section", "netquant default s", "ORT static MinMax s",
+                                           "medians: netquant / ORT", "fastest: netquant / ORT"], row)
 
 
 def sizes(models: str, forms: str, n_calib: int) -> str:
     """The file-size column only (--sizes): netquant default and ORT quantize_dynamic (per-channel, reduce_range)
-    written for each section, no latency or cosine runs, as a markdown table (bytes, so small moves show), printed
-    row by row and returned."""
-    lines = ["| section | netquant default bytes | ORT quantize_dynamic bytes | netquant - ORT | file MB (ours / ORT) |",
-             "|---|---|---|---|---|"]
-    print("\n".join(lines), flush=True)
-    with tempfile.TemporaryDirectory(prefix="netquant_sizes_") as tmp:
-        for key in models.split(","):
-            for form in forms.split(","):
-                case = make_case(key, form, n_calib, 0)
-                ours, peer = Path(tmp) / "ours.onnx", Path(tmp) / "ort.onnx"
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore")
-                    netquant_default(case, ours)
-                    ort_dynamic(True)(case, peer)
-                a, b = ours.stat().st_size, peer.stat().st_size
-                lines.append(f"| {case.name} | {a} | {b} | {a - b:+d} | {a / 1e6:.2f} / {b / 1e6:.2f} |")
-                print(lines[-1], flush=True)
-    return "\n".join(lines)
+    written for each section, no latency or cosine runs, as a markdown table (bytes, so small moves show)."""
+
+    def row(case: Case, tmp: Path) -> list[str]:
+        ours, peer = tmp / "ours.onnx", tmp / "ort.onnx"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            netquant_default(case, ours)
+            ort_dynamic(True)(case, peer)
+        a, b = ours.stat().st_size, peer.stat().st_size
+        return [str(a), str(b), f"{a - b:+d}", f"{a / 1e6:.2f} / {b / 1e6:.2f}"]
+
+    return column(models, forms, n_calib, ["section", "netquant default bytes", "ORT quantize_dynamic bytes",
+                                           "netquant - ORT", "file MB (ours / ORT)"], row)
 
 
 def main() -> int:
