@@ -31,7 +31,9 @@ def test_a_callers_freeze_and_a_disabled_collector_are_left_alone() -> None:
         frozen = gc.get_freeze_count()
         with long_lived_frozen():
             pass
-        assert gc.get_freeze_count() == frozen
+        # neither unfrozen (0) nor frozen again (more); a frozen object that dies meanwhile (another thread's, left
+        # by an earlier test in this process) leaves the count: seen 2 fewer of 834419 in a full run
+        assert frozen - 1000 < gc.get_freeze_count() <= frozen
     finally:
         gc.unfreeze()
     gc.disable()
