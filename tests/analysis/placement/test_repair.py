@@ -18,16 +18,25 @@ from netquant.data.ocr import cls_batch, direction_samples
 from netquant.data.text_render import make_text_lines
 from netquant.passes.settings import Objective, QuantSettings
 
-# measured on this calibration set (32 lines, seed 1000): all-INT8 loss 3.14e-4 plain, 1.18e-4 with equalization,
-# 1.54e-4 with bias correction: a budget of 2e-4 is met by equalization alone
-BUDGET = 2e-4
-
 
 @pytest.fixture(scope="module")
 def cls_case():
     path = zoo.ppocr_model_path("cls")
     images = cls_batch([s.image for s in direction_samples(make_text_lines(32, seed=1000))])
     return str(path), [{"x": images[i:i + 8]} for i in range(0, len(images), 8)]
+
+
+@pytest.fixture(scope="module")
+def budget(cls_case) -> float:
+    """A budget between this machine's plain all-INT8 loss and its loss with equalization, so that equalization alone
+    meets it: the losses move with the machine (AMD EPYC, Pillow 13: 3.14e-4 plain, 1.18e-4 with equalization; an
+    AVX-512 Xeon with torch 2.11: 5.1e-5 plain, on lines rendered by its Pillow). Measured with a budget no repair
+    meets, so every repair is tried and recorded."""
+    probe = _q(cls_case, max_loss=1e-9, effort="default", placement_time_s=1e-3).placement
+    eq = next((r for r in probe.repairs if r.repair == "equalization"), None)
+    if eq is None or not eq.loss_after < eq.loss_before:
+        pytest.skip(f"equalization does not lower this machine's all-INT8 loss on these lines ({probe.repairs})")
+    return (eq.loss_before + eq.loss_after) / 2
 
 
 def _q(case, **kw):
@@ -50,14 +59,14 @@ def _ort_cosine(qm, case, tmp_path) -> float:
     return float(ref @ got / np.linalg.norm(ref) / np.linalg.norm(got))
 
 
-def test_repair_before_float_keeps_every_region_int8(cls_case, tmp_path):
+def test_repair_before_float_keeps_every_region_int8(cls_case, budget, tmp_path):
     """Over the budget in plain INT8, effort 'default' tries equalization first; it brings the loss within the
     budget, so nothing floats for accuracy; effort 'fast' (no repair) floats regions instead."""
-    qm = _q(cls_case, max_loss=BUDGET, effort="default")
+    qm = _q(cls_case, max_loss=budget, effort="default")
     p = qm.placement
     assert [r.repair for r in p.repairs] == ["equalization"]
     eq = p.repairs[0]
-    assert eq.kept and eq.loss_before > BUDGET >= eq.loss_after and eq.seconds > 0
+    assert eq.kept and eq.loss_before > budget >= eq.loss_after and eq.seconds > 0
     assert eq.loss_after == pytest.approx(p.measured["loss_all_int8"], rel=1e-4)  # the placed model is the repaired one
     assert not _budget_floats(p)
     s = qm.summary()["placement"]
@@ -65,13 +74,13 @@ def test_repair_before_float_keeps_every_region_int8(cls_case, tmp_path):
     assert "equalization (model): loss" in p.markdown()
     assert _ort_cosine(qm, cls_case, tmp_path) > 0.999
 
-    fast = _q(cls_case, max_loss=BUDGET, effort="fast").placement
+    fast = _q(cls_case, max_loss=budget, effort="fast").placement
     assert fast.repairs == [] and fast.measured["loss_all_int8"] == pytest.approx(eq.loss_before, rel=1e-4)
     assert _budget_floats(fast)  # without repair the budget floats regions
 
 
-def test_placement_file_records_and_reapplies_the_repair(cls_case, tmp_path):
-    qm = _q(cls_case, max_loss=BUDGET)
+def test_placement_file_records_and_reapplies_the_repair(cls_case, budget, tmp_path):
+    qm = _q(cls_case, max_loss=budget)
     path = qm.save_placement(tmp_path / "p.json")
     data = json.loads(path.read_text())
     assert data["repairs"][0]["repair"] == "equalization" and data["repairs"][0]["kept"] is True
