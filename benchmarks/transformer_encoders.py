@@ -17,8 +17,9 @@ with its validation for netquant) wall seconds, every method's Python modules im
 (warm_imports: no method pays a one-time import), each method run twice in two passes (quantize_all), each run
 after an untimed garbage collection: the second run reported, the first beside it. Targets (the results file's
 first section): each model against issue 21's targets, the latency one as netquant's time over the fastest ORT
-recipe within 0.5% of FP32's cosine from each file's fastest run (analysis.timing.InterleavedTimes.fastest_ms; every
-run's time is written beside the results file, RESULTS with suffix .runs.json).
+recipe within 0.5% of FP32's cosine read two ways, by medians and by fastest runs (met, split or missed: Verdict;
+every run's time is written beside the results file, RESULTS with suffix .runs.json; --targets recomputes the
+section from them).
 
     python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
         [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
@@ -40,7 +41,7 @@ import tempfile
 import time
 import traceback
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,10 +80,14 @@ class Result:
     quant_runs_s: list[float] = field(default_factory=list)  # first and second run in this process
     cosine_no_vnni: float | None = None  # batch 1, emulated as x86 without VNNI runs it (cosine_without_vnni)
     cosine: dict[int, float] = field(default_factory=dict)
-    ms: dict[int, float] = field(default_factory=dict)
     speed: dict[int, float] = field(default_factory=dict)
     rounds_ms: dict[int, tuple[tuple[float, ...], ...]] = field(default_factory=dict)  # batch -> its runs by round
     kernels: str = ""
+
+    @property
+    def ms(self) -> dict[int, float]:
+        """batch -> the median of its timed runs."""
+        return {b: InterleavedTimes((runs,)).median_ms()[0] for b, runs in self.rounds_ms.items()}
 
     @property
     def quant_s(self) -> float | None:
@@ -316,7 +321,7 @@ def bench(case: Case, work: Path, per_round: int, rounds: int, rounds_b8: int) -
                                  rounds=rounds if batch == 1 else rounds_b8, warmup=1 if batch > 1 else 3)
         ms = runs.median_ms()
         for r, m, by_round in zip(ok, ms, runs.runs_ms, strict=True):
-            r.ms[batch], r.speed[batch], r.rounds_ms[batch] = m, ms[0] / m, by_round
+            r.speed[batch], r.rounds_ms[batch] = ms[0] / m, by_round
         print(f"{case.name} batch {batch}: " + ", ".join(f"{r.method} {r.ms[batch]:.1f} ms" for r in ok),
               flush=True)
     return results
@@ -338,6 +343,11 @@ class Verdict(enum.StrEnum):
     MISSED = "missed"  # both over
 
 
+def fastest_run(rounds: Sequence[Sequence[float]]) -> float:
+    """The fastest single run of one file's rounds of runs (ms)."""
+    return InterleavedTimes((tuple(map(tuple, rounds)),)).fastest_ms()[0]
+
+
 @dataclass(frozen=True)
 class Measured:
     """What the targets read of one method in one section."""
@@ -353,7 +363,7 @@ class Measured:
     def of(cls, r: Result) -> Measured:
         size = r.path.stat().st_size / 1e6 if r.path is not None and r.path.exists() else None
         return cls(r.method, dict(r.cosine), dict(r.ms),
-                   {b: InterleavedTimes((runs,)).fastest_ms()[0] for b, runs in r.rounds_ms.items()}, size, r.quant_s)
+                   {b: fastest_run(runs) for b, runs in r.rounds_ms.items()}, size, r.quant_s)
 
 
 @dataclass
@@ -499,7 +509,7 @@ def measured_from_results(text: str, runs: dict) -> list[tuple[str, list[Measure
             rows.append(Measured(
                 method, {b: v for b in batches if (v := _cell_float(cells.get(f"cosine b{b}", "-"))) is not None},
                 {b: v for b in batches if (v := _cell_float(cells.get(f"ms b{b}", "-"))) is not None},
-                {b: min(t for rnd in times[str(b)] for t in rnd) for b in batches},
+                {b: fastest_run(times[str(b)]) for b in batches},
                 _cell_float(cells.get("file MB", "-")),
                 None if method == "FP32" else _cell_float(cells.get("quant s (2nd run; 1st)", "-"))))
         out.append((title, rows))

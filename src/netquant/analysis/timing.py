@@ -41,8 +41,8 @@ def interleaved_times(calls: Sequence[Callable[[], object]], *, per_round: int, 
                 call()
                 this_round.append(1000.0 * (time.perf_counter() - t))
             times[i].append(tuple(this_round))
-        done = InterleavedTimes(tuple(tuple(t) for t in times))
-        if settled is not None and r + 1 >= min_rounds and r + 1 < rounds and settled(done.median_ms()):
+        if settled is not None and min_rounds <= r + 1 < rounds and \
+                settled(InterleavedTimes(tuple(tuple(t) for t in times)).median_ms()):
             break
     return InterleavedTimes(tuple(tuple(t) for t in times))
 
