@@ -10,14 +10,17 @@ Methods: FP32 (the source file), netquant default (quantize_onnx, objective bala
 quantize_dynamic (per_channel, QInt8 weights, reduce_range True and False), ORT quantize_static (QDQ, per-channel,
 MinMax, QUInt8 activations, after quant_pre_process) and NNCF (nncf.quantize, model_type TRANSFORMER) where it imports.
 Calibration: --calib batch-1 samples. Cosine: over --eval batch-1 samples and one batch of 8. Latency: one
-onnxruntime thread, every method of a model interleaved round by round (medians), at batch 1 and batch 8; speed =
-FP32 latency / method latency. Cosine on x86 without VNNI: batch 1, each file's onnxruntime-optimized graph on
+onnxruntime thread, every method of a model interleaved round by round, the order rotating (medians), at batch 1
+and batch 8, rounds added while netquant's latency verdict is split (settled_latency); speed = FP32 latency / method
+latency. Cosine on x86 without VNNI: batch 1, each file's onnxruntime-optimized graph on
 netquant's executor with pairwise-int16 accumulation (cosine_without_vnni). Quantization time: quantize (+ export
 with its validation for netquant) wall seconds, every method's Python modules imported before the first is timed
-(warm_imports: no method pays a one-time import), each method run twice in two passes (quantize_all), each run
-after an untimed garbage collection: the second run reported, the first beside it. Targets (the results file's
+(warm_imports: no method pays a one-time import), each method run twice in two passes, then netquant and ORT
+static alternating while close (quantize_all), each run after an untimed garbage collection: the median of the runs
+after the first reported, every run beside it. Targets (the results file's
 first section): each model against issue 21's targets, the latency one as netquant's time over the fastest ORT
-recipe within 0.5% of FP32's cosine read two ways, by medians and by fastest runs (met, split or missed: Verdict;
+recipe within 0.5% of FP32's cosine and quantization time over ORT static's, each read two ways, by medians and by
+fastest runs (met, split or missed: Verdict;
 every run's time is written beside the results file, RESULTS with suffix .runs.json; --targets recomputes the
 section from them).
 
@@ -36,6 +39,7 @@ import gc
 import json
 import os
 import re
+import statistics
 import sys
 import tempfile
 import time
@@ -77,7 +81,7 @@ class Result:
     method: str
     path: Path | None = None
     note: str = ""
-    quant_runs_s: list[float] = field(default_factory=list)  # first and second run in this process
+    quant_runs_s: list[float] = field(default_factory=list)  # every quantization run in this process, in order
     cosine_no_vnni: float | None = None  # batch 1, emulated as x86 without VNNI runs it (cosine_without_vnni)
     cosine: dict[int, float] = field(default_factory=dict)
     speed: dict[int, float] = field(default_factory=dict)
@@ -91,8 +95,15 @@ class Result:
 
     @property
     def quant_s(self) -> float | None:
-        """The second run's seconds (order-independent: see quantize_all)."""
-        return self.quant_runs_s[-1] if self.quant_runs_s else None
+        """The median of the runs after the first (order-independent: see quantize_all)."""
+        later = self.quant_runs_s[1:] or self.quant_runs_s
+        return statistics.median(later) if later else None
+
+    @property
+    def quant_fastest_s(self) -> float | None:
+        """The fastest run after the first."""
+        later = self.quant_runs_s[1:] or self.quant_runs_s
+        return min(later) if later else None
 
 
 def session(path: Path, threads: int = 1) -> ort.InferenceSession:
@@ -190,12 +201,15 @@ def warm_imports() -> None:
     import netquant.api  # noqa: F401
 
 
+STATIC = "ORT quantize_static QDQ per-channel MinMax"
+
+
 def methods() -> list[tuple[str, Callable[[Case, Path], str]]]:
     out: list[tuple[str, Callable[[Case, Path], str]]] = [
         ("netquant default", netquant_default),
         ("ORT quantize_dynamic per-channel, reduce_range", ort_dynamic(True)),
         ("ORT quantize_dynamic per-channel", ort_dynamic(False)),
-        ("ORT quantize_static QDQ per-channel MinMax", ort_static),
+        (STATIC, ort_static),
     ]
     try:
         import nncf  # noqa: F401
@@ -222,25 +236,39 @@ def clear_process_caches() -> None:
         cached.cache_clear()
 
 
-def quantize_all(case: Case, work: Path) -> list[Result]:
+QUANT_CLOSE = (0.85, 1.15)  # netquant / ORT static quantization time within this: more passes of the two decide
+
+
+def quantize_all(case: Case, work: Path, max_passes: int = 2) -> list[Result]:
     """Every method twice, in two passes over the list: the first run of a method in this process and its second
     (netquant's probe caches cleared), each after a garbage collection (untimed). Whichever method goes first in a
-    model pays that model's first touch of memory; the second pass leaves the order out of the times. The second
-    pass's files are the ones measured."""
+    model pays that model's first touch of memory; the later passes leave the order out of the times. Then, while
+    netquant's and ORT static's medians of their later runs are close (QUANT_CLOSE), those two alternate further
+    passes, up to `max_passes` runs each. The last pass's files are the ones measured."""
     results = [Result("FP32", case.path, note="source file")]
     for label, _ in methods():
         results.append(Result(label, work / f"{abs(hash((case.name, label)))}.onnx"))
+    by_label = dict(methods())
+
+    def run(r: Result) -> None:
+        if r.path is None:
+            return  # failed in an earlier pass
+        try:
+            seconds, r.note = timed_quantization(r.method, by_label[r.method], case, r.path)
+        except Exception as exc:  # noqa: BLE001 - a peer failing is a result to report, not a crash
+            traceback.print_exc()
+            r.path, r.note = None, f"failed: {type(exc).__name__}: {str(exc)[:160]}"
+            return
+        r.quant_runs_s.append(seconds)
+
     for _ in range(2):
-        for r, (label, fn) in zip(results[1:], methods(), strict=True):
-            if r.path is None:
-                continue  # failed in the first pass
-            try:
-                seconds, r.note = timed_quantization(label, fn, case, r.path)
-            except Exception as exc:  # noqa: BLE001 - a peer failing is a result to report, not a crash
-                traceback.print_exc()
-                r.path, r.note = None, f"failed: {type(exc).__name__}: {str(exc)[:160]}"
-                continue
-            r.quant_runs_s.append(seconds)
+        for r in results[1:]:
+            run(r)
+    ours, static = (next(r for r in results if r.method == m) for m in ("netquant default", STATIC))
+    while static.quant_s and ours.quant_s and len(ours.quant_runs_s) < max_passes and \
+            QUANT_CLOSE[0] <= ours.quant_s / static.quant_s <= QUANT_CLOSE[1]:
+        run(ours)
+        run(static)
     return results
 
 
@@ -296,8 +324,45 @@ def cosine_without_vnni(path: Path, feeds: list[Feeds], ref: list[np.ndarray],
         return cosine_vs(ref, run(Accumulation.PAIRWISE_INT16)), note
 
 
-def bench(case: Case, work: Path, per_round: int, rounds: int, rounds_b8: int) -> list[Result]:
-    results = quantize_all(case, work)
+@dataclass(frozen=True)
+class Timing:
+    """How the latency runs go: batch-1 rounds of `per_round` runs, batch-8 rounds of one run; each from its
+    minimum number of rounds up to its maximum while netquant's verdict against the fastest ORT recipe within the
+    metric is split (settled_latency)."""
+
+    per_round: int
+    rounds: int
+    rounds_max: int
+    rounds_b8: int
+    rounds_b8_max: int
+    quant_passes: int  # quantize_all's max_passes
+
+    def of(self, batch: int) -> tuple[int, int, int]:
+        """(runs per round, minimum rounds, maximum rounds) at `batch`."""
+        if batch == 1:
+            return self.per_round, self.rounds, max(self.rounds, self.rounds_max)
+        return 1, self.rounds_b8, max(self.rounds_b8, self.rounds_b8_max)
+
+
+def settled_latency(ok: list[Result], batch: int) -> Callable[[InterleavedTimes], bool] | None:
+    """settled for interleaved_times over the sessions of `ok` (FP32, netquant, the peers): the latency verdict
+    (Targets.latency, from the runs so far) is met or missed, not split. None when there is nothing to compare."""
+    ours = next((i for i, r in enumerate(ok) if r.method == "netquant default"), None)
+    peers = [i for i, r in enumerate(ok) if r.method.startswith("ORT") and
+             r.cosine.get(batch, 0.0) >= 1.0 - WITHIN_METRIC]
+    if ours is None or not peers:
+        return None
+
+    def settled(runs: InterleavedTimes) -> bool:
+        medians, fastest = runs.median_ms(), runs.fastest_ms()
+        return read_two_ways(medians[ours] / min(medians[i] for i in peers),
+                             fastest[ours] / min(fastest[i] for i in peers), 1 + LEVEL) is not Verdict.SPLIT
+
+    return settled
+
+
+def bench(case: Case, work: Path, timing: Timing) -> list[Result]:
+    results = quantize_all(case, work, timing.quant_passes)
     ok = [r for r in results if r.path is not None]
     for r in ok:
         counts = ort_int8_kernels(r.path)
@@ -316,9 +381,10 @@ def bench(case: Case, work: Path, per_round: int, rounds: int, rounds_b8: int) -
             if batch == 1 and r is not ok[0]:
                 r.cosine_no_vnni, why = cosine_without_vnni(r.path, feeds, outs[0], o)  # type: ignore[arg-type]
                 r.note = "; ".join(filter(None, [r.note, f"no-VNNI emulation: {why}"]))
-        runs = interleaved_times([functools.partial(s.run, None, feeds[0]) for s in sessions],
-                                 per_round=per_round if batch == 1 else 1,
-                                 rounds=rounds if batch == 1 else rounds_b8, warmup=1 if batch > 1 else 3)
+        per_round, least, most = timing.of(batch)
+        runs = interleaved_times([functools.partial(s.run, None, feeds[0]) for s in sessions], per_round=per_round,
+                                 rounds=most, min_rounds=least, settled=settled_latency(ok, batch),
+                                 warmup=1 if batch > 1 else 3)
         ms = runs.median_ms()
         for r, m, by_round in zip(ok, ms, runs.runs_ms, strict=True):
             r.speed[batch], r.rounds_ms[batch] = ms[0] / m, by_round
@@ -327,11 +393,12 @@ def bench(case: Case, work: Path, per_round: int, rounds: int, rounds_b8: int) -
     return results
 
 
+QUANT_HEAD = "quant s (median of runs 2+; every run)"
 SPEED_TARGET = 1.3  # the default's FP32 / INT8 latency, every encoder, both batches
 WITHIN_METRIC = 0.005  # a peer recipe counts for the latency target when its cosine is within this of FP32's (1.0)
 LEVEL = 0.02  # "as fast as": netquant's time / the fastest such recipe's at most 1 + LEVEL
 SHORT = {"netquant default": "netquant", "ORT quantize_dynamic per-channel, reduce_range": "ORT dynamic rr",
-         "ORT quantize_dynamic per-channel": "ORT dynamic", "ORT quantize_static QDQ per-channel MinMax": "ORT static",
+         "ORT quantize_dynamic per-channel": "ORT dynamic", STATIC: "ORT static",
          "NNCF model_type=TRANSFORMER": "NNCF"}
 
 
@@ -341,6 +408,12 @@ class Verdict(enum.StrEnum):
     MET = "met"  # both within 1 + LEVEL
     SPLIT = "split"  # one within, one not: closer than this host resolves in this run
     MISSED = "missed"  # both over
+
+
+def read_two_ways(by_medians: float, by_fastest: float, at_most: float) -> Verdict:
+    """A ratio (netquant / peer) read from medians and from fastest runs against `at_most`."""
+    within = [by_medians <= at_most, by_fastest <= at_most]
+    return Verdict.MET if all(within) else Verdict.MISSED if not any(within) else Verdict.SPLIT
 
 
 def fastest_run(rounds: Sequence[Sequence[float]]) -> float:
@@ -357,13 +430,14 @@ class Measured:
     median_ms: dict[int, float]
     fastest_ms: dict[int, float]
     size_mb: float | None
-    quant_s: float | None
+    quant_s: float | None  # the median of the runs after the first
+    quant_fastest_s: float | None  # the fastest run after the first
 
     @classmethod
     def of(cls, r: Result) -> Measured:
         size = r.path.stat().st_size / 1e6 if r.path is not None and r.path.exists() else None
         return cls(r.method, dict(r.cosine), dict(r.ms),
-                   {b: fastest_run(runs) for b, runs in r.rounds_ms.items()}, size, r.quant_s)
+                   {b: fastest_run(runs) for b, runs in r.rounds_ms.items()}, size, r.quant_s, r.quant_fastest_s)
 
 
 @dataclass
@@ -375,7 +449,8 @@ class Targets:
     vs_fastest: dict[int, tuple[float, str]]  # the same from each file's fastest run
     size_mb: tuple[float | None, float | None]  # netquant, the smaller ORT quantize_dynamic file
     cosine_vs_nncf: tuple[float, float | None]  # netquant's lower cosine of batch 1 and 8, NNCF's
-    quant_s: tuple[float | None, float | None]  # netquant, ORT static
+    quant_s: tuple[float | None, float | None]  # netquant, ORT static: medians of the runs after the first
+    quant_fastest_s: tuple[float | None, float | None]  # the same, fastest runs after the first
 
     def fast_enough(self, batch: int) -> bool:
         return self.speed.get(batch, 0.0) >= SPEED_TARGET
@@ -383,8 +458,7 @@ class Targets:
     def latency(self, batch: int) -> Verdict:
         if batch not in self.vs_median:
             return Verdict.MET  # no ORT recipe within the metric: nothing to match
-        within = [self.vs_median[batch][0] <= 1 + LEVEL, self.vs_fastest[batch][0] <= 1 + LEVEL]
-        return Verdict.MET if all(within) else Verdict.MISSED if not any(within) else Verdict.SPLIT
+        return read_two_ways(self.vs_median[batch][0], self.vs_fastest[batch][0], 1 + LEVEL)
 
     def small_enough(self) -> bool:
         ours, peer = self.size_mb
@@ -393,9 +467,14 @@ class Targets:
     def as_accurate_as_nncf(self) -> bool:
         return self.cosine_vs_nncf[1] is None or self.cosine_vs_nncf[0] >= self.cosine_vs_nncf[1]
 
-    def quick_enough(self) -> bool:
-        ours, peer = self.quant_s
-        return ours is not None and (peer is None or ours <= peer)
+    def quick(self) -> Verdict:
+        """Quantization time at most ORT static's, read by medians and by fastest runs (after the first)."""
+        (ours, peer), (ours_fast, peer_fast) = self.quant_s, self.quant_fastest_s
+        if ours is None or ours_fast is None:
+            return Verdict.MISSED
+        if peer is None or peer_fast is None:
+            return Verdict.MET
+        return read_two_ways(ours / peer, ours_fast / peer_fast, 1.0)
 
 
 def targets(rows: list[Measured]) -> Targets | None:
@@ -417,10 +496,11 @@ def targets(rows: list[Measured]) -> Targets | None:
     dynamic = [r.size_mb for r in rows if r.method.startswith("ORT quantize_dynamic") and r.size_mb is not None]
     nncf = by.get("NNCF model_type=TRANSFORMER")
     nncf_cos = min(nncf.cosine.values()) if nncf is not None and nncf.cosine else None
-    static = by.get("ORT quantize_static QDQ per-channel MinMax")
+    static = by.get(STATIC)
     return Targets({b: by["FP32"].median_ms[b] / ours.median_ms[b] for b in ours.median_ms}, vs_median, vs_fastest,
                    (ours.size_mb, min(dynamic, default=None)), (min(ours.cosine.values()), nncf_cos),
-                   (ours.quant_s, static.quant_s if static is not None else None))
+                   (ours.quant_s, static.quant_s if static is not None else None),
+                   (ours.quant_fastest_s, static.quant_fastest_s if static is not None else None))
 
 
 def render_targets(sections: list[tuple[str, list[Measured]]]) -> list[str]:
@@ -445,7 +525,8 @@ def render_targets(sections: list[tuple[str, list[Measured]]]) -> list[str]:
              f"file): **met** where both are at most {1 + LEVEL:.2f}, **missed** where both are over, **split** where "
              "they disagree (closer than this run resolves); every run's time is in the .runs.json file beside this "
              "one. File no larger than the smaller ORT quantize_dynamic file; cosine at least NNCF's (the lower of "
-             "batch 1 and 8 each); quantization time at most ORT static MinMax's (second runs).", "",
+             "batch 1 and 8 each); quantization time at most ORT static MinMax's, read by the medians of the runs after "
+             "each tool's first and by their fastest runs (met, split or missed as above, at 1.00).", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, t in judged:
         cells = [name, *[f"{t.speed[b]:.2f}x{mark(t.fast_enough(b))}" if b in t.speed else "-" for b in batches]]
@@ -462,9 +543,12 @@ def render_targets(sections: list[tuple[str, list[Measured]]]) -> list[str]:
                      f"{mark(t.small_enough())}")
         cos, nncf = t.cosine_vs_nncf
         cells.append(f"{cos:.5f} / {'NNCF failed' if nncf is None else f'{nncf:.5f}'}{mark(t.as_accurate_as_nncf())}")
-        q, q_peer = t.quant_s
+        (q, q_peer), (qf, qf_peer) = t.quant_s, t.quant_fastest_s
+        quick = t.quick()
         cells.append(("-" if q is None else f"{q:.1f}") + " / " + ("-" if q_peer is None else f"{q_peer:.1f}") +
-                     ("" if q is None or q_peer is None else f" ({q / q_peer:.2f}x)") + mark(t.quick_enough()))
+                     ("" if q is None or q_peer is None or qf is None or qf_peer is None else
+                      f" ({q / q_peer:.2f}x; fastest {qf / qf_peer:.2f}x)") +
+                     ("" if quick is Verdict.MET else f" **{quick}**"))
         lines.append("| " + " | ".join(cells) + " |")
     n = len(judged)
 
@@ -480,7 +564,8 @@ def render_targets(sections: list[tuple[str, list[Measured]]]) -> list[str]:
          f"file <= ORT dynamic {count(Targets.small_enough)}",
          f"cosine >= NNCF {count(Targets.as_accurate_as_nncf)} (NNCF ran on "
          f"{sum(t.cosine_vs_nncf[1] is not None for _, t in judged)})",
-         f"quantization time <= ORT static {count(Targets.quick_enough)}"]) + ".", ""]
+         "quantization time <= ORT static " + ", ".join(
+             f"{v} {count(lambda t, v=v: t.quick() is v)}" for v in Verdict)]) + ".", ""]
     return lines
 
 
@@ -511,9 +596,21 @@ def measured_from_results(text: str, runs: dict) -> list[tuple[str, list[Measure
                 {b: v for b in batches if (v := _cell_float(cells.get(f"ms b{b}", "-"))) is not None},
                 {b: fastest_run(times[str(b)]) for b in batches},
                 _cell_float(cells.get("file MB", "-")),
-                None if method == "FP32" else _cell_float(cells.get("quant s (2nd run; 1st)", "-"))))
+                *quant_times_of(cells, method)))
         out.append((title, rows))
     return out
+
+
+def quant_times_of(cells: dict[str, str], method: str) -> tuple[float | None, float | None]:
+    """(median, fastest) seconds of the runs after the first from a results row's quantization-time cell: 'm (a, b,
+    c)' (every run) or, in files before the passes were repeated, 'second (first)' (one later run)."""
+    if method == "FP32":
+        return None, None
+    if (cell := cells.get(QUANT_HEAD)) is not None:
+        runs = [float(x) for x in re.findall(r"[0-9.]+", cell.split("(", 1)[1])] if "(" in cell else []
+        return _cell_float(cell), min(runs[1:] or runs, default=None)
+    second = _cell_float(cells.get("quant s (2nd run; 1st)", "-"))
+    return second, second
 
 
 def retarget(path: Path) -> str:
@@ -536,18 +633,21 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
              f"Whisper-like: {tm.WHISPER_FRAMES} mel frames -> {tm.SEQ} positions). Calibration: {args.calib} batch-1 "
              f"samples (token models: Zipf-like ids, padded rows); cosine vs the FP32 file in onnxruntime over "
              f"{args.eval} other batch-1 samples and one batch of 8. Latency: one onnxruntime intra-op thread, every "
-             f"method of a model interleaved in rounds ({args.rounds} rounds of {args.repeats} runs at batch 1, "
-             f"{args.rounds_b8} rounds of one run at batch 8), medians; speed = FP32 / method. Cosine b1 x86 no VNNI: the same batch-1 samples through "
+             f"method of a model interleaved in rounds, the order rotating by round ({args.rounds} rounds of "
+             f"{args.repeats} runs at batch 1, {args.rounds_b8} rounds of one run at batch 8; more, up to "
+             f"{args.rounds_max} and {args.rounds_b8_max}, while netquant's verdict against the fastest ORT recipe "
+             "is split), medians; speed = FP32 / method. Cosine b1 x86 no VNNI: the same batch-1 samples through "
              "the graph onnxruntime runs here (its fused int8 kernels), on netquant's executor with pairwise-int16 "
              "accumulation, as CPUs without VNNI (AVX2, AVX-512 without VNNI) sum u8 x s8 pairs; the executor with "
              "exact accumulation first gives the accuracy onnxruntime gives here, to within a tenth of the file's "
              "own error (1 - cosine; both in the note). Quantization time: quantize "
              "(+ export with its validation for netquant), every method's modules imported before any is timed, "
-             "every method run twice in two passes over the methods (netquant's probe caches cleared before its "
-             "second run), each run after an untimed garbage collection (no method frees an earlier one's "
-             "unreachable objects in its time): the second run's seconds, the first's in brackets (the first method "
-             "of a model pays that "
-             "model's first touch of memory). The machine (2 cores) is shared with other jobs: absolute "
+             "every method run twice in two passes over the methods (netquant's probe caches cleared before each "
+             "run), then netquant and ORT static alternating up to "
+             f"{args.quant_passes_max} runs each while their times are within {QUANT_CLOSE[0]}-{QUANT_CLOSE[1]}x "
+             "of each other, each run after an untimed garbage collection (no method frees an earlier one's "
+             "unreachable objects in its time): the median of the runs after the first, every run in brackets (the "
+             "first method of a model pays that model's first touch of memory). The machine (2 cores) is shared with other jobs: absolute "
              "times are noisy, ratios within one model and batch are the comparable numbers. Weights are random "
              "(seeded): cosine is the metric.", "",
              *render_targets([(case.name, [Measured.of(r) for r in results]) for case, results in rows])]
@@ -555,12 +655,11 @@ def render(rows: list[tuple[Case, list[Result]]], args: argparse.Namespace, seco
         bs = list(case.evals)
         head = ["method"] + [f"cosine b{b}" for b in bs] + ["cosine b1 x86 no VNNI (emulated)"] + \
             [f"ms b{b}" for b in bs] + [f"speed b{b}" for b in bs] + \
-            ["file MB", "quant s (2nd run; 1st)", "int8 kernels onnxruntime runs", "note"]
+            ["file MB", QUANT_HEAD, "int8 kernels onnxruntime runs", "note"]
         lines += [f"## {case.name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in results:
             size = f"{r.path.stat().st_size / 1e6:.2f}" if r.path is not None and r.path.exists() else "-"
-            quant = "-" if r.quant_s is None else f"{r.quant_s:.1f}" + (
-                f" ({r.quant_runs_s[0]:.1f})" if len(r.quant_runs_s) > 1 else "")
+            quant = "-" if r.quant_s is None else f"{r.quant_s:.1f} ({', '.join(f'{x:.1f}' for x in r.quant_runs_s)})"
             cells = [r.method] + [f"{r.cosine[b]:.5f}" if b in r.cosine else "-" for b in bs] + \
                 ["1.00000" if r.method == "FP32" else "-" if r.cosine_no_vnni is None else f"{r.cosine_no_vnni:.5f}"] + \
                 [f"{r.ms[b]:.1f}" if b in r.ms else "-" for b in bs] + \
@@ -696,6 +795,11 @@ def sizes(models: str, forms: str, n_calib: int) -> str:
                                            "netquant - ORT", "file MB (ours / ORT)"], row)
 
 
+def timing(args: argparse.Namespace) -> Timing:
+    return Timing(args.repeats, args.rounds, args.rounds_max, args.rounds_b8, args.rounds_b8_max,
+                  args.quant_passes_max)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(tm.ENCODERS))
@@ -707,6 +811,11 @@ def main() -> int:
     ap.add_argument("--rounds-b8", type=int, default=9, help="batch-8 rounds (one run of each method a round: a "
                     "median of 3 single runs let one slow stretch decide 2-3%% differences; of 5, two files of "
                     "nearly the same graph came out 7%% apart on a 2-core AVX2 host)")
+    ap.add_argument("--rounds-max", type=int, default=15, help="batch-1 rounds at most: rounds are added while "
+                    "netquant's latency verdict is split (settled_latency)")
+    ap.add_argument("--rounds-b8-max", type=int, default=27, help="batch-8 rounds at most, as --rounds-max")
+    ap.add_argument("--quant-passes-max", type=int, default=5, help="quantization runs of netquant and ORT static "
+                    f"at most: passes are added while their times are within {QUANT_CLOSE} of each other")
     ap.add_argument("--busy", action="store_true", help="a busy host: one spinning process per core (quant_time."
                     "busy_cores), started before the first model and stopped after the last")
     ap.add_argument("--budget-min", type=float, default=90.0, help="start no new model after this many minutes")
@@ -740,6 +849,7 @@ def main() -> int:
         return 0
     if args.quick:
         args.calib, args.eval, args.repeats, args.rounds, args.rounds_b8 = 4, 1, 1, 2, 2
+        args.rounds_max, args.rounds_b8_max, args.quant_passes_max = 3, 3, 2
     warm_imports()
     start = time.perf_counter()
     rows: list[tuple[Case, list[Result]]] = []
@@ -761,7 +871,7 @@ def main() -> int:
                     skipped.append(f"{label}: export failed: {type(exc).__name__}: {str(exc)[:200]}")
                     continue
                 loads.append(os.getloadavg()[0])
-                rows.append((case, bench(case, Path(tmp), args.repeats, args.rounds, args.rounds_b8)))
+                rows.append((case, bench(case, Path(tmp), timing(args))))
                 loads.append(os.getloadavg()[0])
                 text = render(rows, args, time.perf_counter() - start, skipped,
                               f"{min(loads):.1f}-{max(loads):.1f}")

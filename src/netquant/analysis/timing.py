@@ -24,25 +24,27 @@ class InterleavedTimes:
 
 
 def interleaved_times(calls: Sequence[Callable[[], object]], *, per_round: int, rounds: int = 5,
-                      warmup: int = 3, settled: Callable[[list[float]], bool] | None = None,
+                      warmup: int = 3, settled: Callable[[InterleavedTimes], bool] | None = None,
                       min_rounds: int = 3) -> InterleavedTimes:
     """Every run of each of `calls`: `warmup` untimed calls each, then `rounds` rounds in which every call runs
-    `per_round` times in turn, so that changes in machine load hit them alike.
-    settled: stop after any round from `min_rounds` on where settled(the medians so far) holds (a clear verdict)."""
+    `per_round` times in turn, so that changes in machine load hit them alike. Round r starts at call r mod n (the
+    order rotates: no call always follows the same one or always opens a round).
+    settled: stop after any round from `min_rounds` on where settled(the runs so far) holds (a clear verdict)."""
     for call in calls:
         for _ in range(warmup):
             call()
     times: list[list[tuple[float, ...]]] = [[] for _ in calls]
     for r in range(rounds):
-        for i, call in enumerate(calls):
+        for k in range(len(calls)):
+            i = (r + k) % len(calls)
             this_round = []
             for _ in range(max(1, per_round)):
                 t = time.perf_counter()
-                call()
+                calls[i]()
                 this_round.append(1000.0 * (time.perf_counter() - t))
             times[i].append(tuple(this_round))
         if settled is not None and min_rounds <= r + 1 < rounds and \
-                settled(InterleavedTimes(tuple(tuple(t) for t in times)).median_ms()):
+                settled(InterleavedTimes(tuple(tuple(t) for t in times))):
             break
     return InterleavedTimes(tuple(tuple(t) for t in times))
 
@@ -51,5 +53,10 @@ def interleaved_ms(calls: Sequence[Callable[[], object]], *, per_round: int, rou
                    warmup: int = 3, settled: Callable[[list[float]], bool] | None = None,
                    min_rounds: int = 3) -> list[float]:
     """Median ms of one call of each of `calls` (interleaved_times' median_ms)."""
-    return interleaved_times(calls, per_round=per_round, rounds=rounds, warmup=warmup, settled=settled,
+
+    def on_medians(runs: InterleavedTimes) -> bool:
+        return settled is not None and settled(runs.median_ms())
+
+    return interleaved_times(calls, per_round=per_round, rounds=rounds, warmup=warmup,
+                             settled=None if settled is None else on_medians,
                              min_rounds=min_rounds).median_ms()
