@@ -11,18 +11,17 @@ quantize_dynamic (per_channel, QInt8 weights, reduce_range True and False), ORT 
 MinMax, QUInt8 activations, after quant_pre_process) and NNCF (nncf.quantize, model_type TRANSFORMER) where it imports.
 Calibration: --calib batch-1 samples. Cosine: over --eval batch-1 samples and one batch of 8. Latency: one
 onnxruntime thread, every method of a model interleaved round by round, the order rotating (medians), at batch 1
-and batch 8, rounds added while netquant's latency verdict is split or a near miss (settled_latency); speed = FP32 latency / method
-latency. Cosine on x86 without VNNI: batch 1, each file's onnxruntime-optimized graph on
-netquant's executor with pairwise-int16 accumulation (cosine_without_vnni). Quantization time: quantize (+ export
-with its validation for netquant) wall seconds, every method's Python modules imported before the first is timed
-(warm_imports: no method pays a one-time import), each method run twice in two passes, then netquant and ORT
-static alternating while close (quantize_all), each run after an untimed garbage collection: the median of the runs
-after the first reported, every run beside it. Targets (the results file's
-first section): each model against issue 21's targets, the latency one as netquant's time over the fastest ORT
-recipe within 0.5% of FP32's cosine and quantization time over ORT static's, each read two ways, by medians and by
-fastest runs (met, split or missed: Verdict;
-every run's time is written beside the results file, RESULTS with suffix .runs.json; --targets recomputes the
-section from them).
+and batch 8, rounds added while netquant's latency verdict is split or a near miss (settled_latency); speed = FP32
+latency / method latency. Cosine on x86 without VNNI: batch 1, each file's onnxruntime-optimized graph on netquant's
+executor with pairwise-int16 accumulation (cosine_without_vnni). Quantization time: quantize (+ export with its
+validation for netquant) wall seconds, every method's Python modules imported before the first is timed
+(warm_imports: no method pays a one-time import), each method run twice in two passes, then netquant and ORT static
+alternating while close (quantize_all), each run after an untimed garbage collection: the median of the runs after
+the first reported, every run beside it. Targets (the results file's first section): each model against issue 21's
+targets, the latency one as netquant's time over the fastest ORT recipe within 0.5% of FP32's cosine and
+quantization time over ORT static's, each read two ways, by medians and by fastest runs (met, split or missed:
+Verdict; every run's time is written beside the results file, RESULTS with suffix .runs.json; --targets recomputes
+the section from them).
 
     python benchmarks/transformer_encoders.py [--models minilm,fused_qkv,whisper,distilbert,vit,bert_base]
         [--forms torchscript,dynamo,ortopt] [--calib 16] [--eval 4] [--budget-min 90]
