@@ -93,16 +93,19 @@ class Result:
         return {b: InterleavedTimes((runs,)).median_ms()[0] for b, runs in self.rounds_ms.items()}
 
     @property
+    def later_quant_runs_s(self) -> list[float]:
+        """The runs after the first (order-independent: see quantize_all); the one run where there is one."""
+        return self.quant_runs_s[1:] or self.quant_runs_s
+
+    @property
     def quant_s(self) -> float | None:
-        """The median of the runs after the first (order-independent: see quantize_all)."""
-        later = self.quant_runs_s[1:] or self.quant_runs_s
-        return statistics.median(later) if later else None
+        """The median of the runs after the first."""
+        return statistics.median(self.later_quant_runs_s) if self.quant_runs_s else None
 
     @property
     def quant_fastest_s(self) -> float | None:
         """The fastest run after the first."""
-        later = self.quant_runs_s[1:] or self.quant_runs_s
-        return min(later) if later else None
+        return min(self.later_quant_runs_s, default=None)
 
 
 def session(path: Path, threads: int = 1) -> ort.InferenceSession:
@@ -244,10 +247,10 @@ def quantize_all(case: Case, work: Path, max_passes: int = 2) -> list[Result]:
     model pays that model's first touch of memory; the later passes leave the order out of the times. Then, while
     netquant's and ORT static's medians of their later runs are close (QUANT_CLOSE), those two alternate further
     passes, up to `max_passes` runs each. The last pass's files are the ones measured."""
-    results = [Result("FP32", case.path, note="source file")]
-    for label, _ in methods():
-        results.append(Result(label, work / f"{abs(hash((case.name, label)))}.onnx"))
     by_label = dict(methods())
+    results = [Result("FP32", case.path, note="source file")]
+    for label in by_label:
+        results.append(Result(label, work / f"{abs(hash((case.name, label)))}.onnx"))
 
     def run(r: Result) -> None:
         if r.path is None:
@@ -348,8 +351,7 @@ def settled_latency(ok: list[Result], batch: int) -> Callable[[InterleavedTimes]
     (Targets.latency, from the runs so far) is met, or missed by more than CLEAR_MISS (a split verdict or a near miss
     takes more rounds). None when there is nothing to compare."""
     ours = next((i for i, r in enumerate(ok) if r.method == "netquant default"), None)
-    peers = [i for i, r in enumerate(ok) if r.method.startswith("ORT") and
-             r.cosine.get(batch, 0.0) >= 1.0 - WITHIN_METRIC]
+    peers = [i for i, r in enumerate(ok) if counts_for_latency(r.method, r.cosine, batch)]
     if ours is None or not peers:
         return None
 
@@ -410,6 +412,11 @@ class Verdict(enum.StrEnum):
     MET = "met"  # both within 1 + LEVEL
     SPLIT = "split"  # one within, one not: closer than this host resolves in this run
     MISSED = "missed"  # both over
+
+
+def counts_for_latency(method: str, cosine: dict[int, float], batch: int) -> bool:
+    """An ORT recipe whose cosine at `batch` is within WITHIN_METRIC of FP32's: one the latency target compares."""
+    return method.startswith("ORT") and cosine.get(batch, 0.0) >= 1.0 - WITHIN_METRIC
 
 
 def read_two_ways(by_medians: float, by_fastest: float, at_most: float) -> Verdict:
@@ -488,8 +495,7 @@ def targets(rows: list[Measured]) -> Targets | None:
     vs_median: dict[int, tuple[float, str]] = {}
     vs_fastest: dict[int, tuple[float, str]] = {}
     for batch in ours.median_ms:
-        peers = [r for r in rows if r.method.startswith("ORT") and batch in r.median_ms
-                 and r.cosine.get(batch, 0.0) >= 1.0 - WITHIN_METRIC]
+        peers = [r for r in rows if batch in r.median_ms and counts_for_latency(r.method, r.cosine, batch)]
         if not peers:
             continue
         for out, times in ((vs_median, lambda r: r.median_ms), (vs_fastest, lambda r: r.fastest_ms)):
@@ -765,8 +771,6 @@ def quant_times(models: str, forms: str, n_calib: int, passes: int) -> str:
     """The quantization-time column only (--quant-passes N): netquant default (quantize + export with its validation)
     and ORT static MinMax alternating N times per section, each run as quantize_all times it
     (timed_quantization), every run and the ratios of medians and of fastest runs."""
-    import statistics
-
     def row(case: Case, tmp: Path) -> list[str]:
         ours: list[float] = []
         peer: list[float] = []

@@ -52,11 +52,7 @@ def interleaved_times(calls: Sequence[Callable[[], object]], *, per_round: int, 
 def interleaved_ms(calls: Sequence[Callable[[], object]], *, per_round: int, rounds: int = 5,
                    warmup: int = 3, settled: Callable[[list[float]], bool] | None = None,
                    min_rounds: int = 3) -> list[float]:
-    """Median ms of one call of each of `calls` (interleaved_times' median_ms)."""
-
-    def on_medians(runs: InterleavedTimes) -> bool:
-        return settled is not None and settled(runs.median_ms())
-
-    return interleaved_times(calls, per_round=per_round, rounds=rounds, warmup=warmup,
-                             settled=None if settled is None else on_medians,
+    """Median ms of one call of each of `calls` (interleaved_times' median_ms; settled sees the medians)."""
+    on_medians = None if settled is None else (lambda runs: settled(runs.median_ms()))
+    return interleaved_times(calls, per_round=per_round, rounds=rounds, warmup=warmup, settled=on_medians,
                              min_rounds=min_rounds).median_ms()
